@@ -1,0 +1,12 @@
+"""Carnator — cross-request reuse for video diffusion transformers in ComfyUI.
+
+ComfyUI loads this folder as a custom node pack: the nodes come from ``comfy_entrypoint``
+(V3 node API) and the front-end extension from ``WEB_DIRECTORY``.
+"""
+from .nodes import CarnatorExtension
+
+WEB_DIRECTORY = "./web"
+
+
+async def comfy_entrypoint() -> CarnatorExtension:
+    return CarnatorExtension()

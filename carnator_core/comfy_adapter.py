@@ -1,0 +1,315 @@
+"""The one module that knows ComfyUI's API.
+
+Everything ComfyUI-specific lives here so that a ComfyUI release that moves an API breaks
+one file: model fingerprints (ModelPatcher weights and patches), sigma schedules, running a
+segment of the sampler through ``comfy.sample.sample_custom``, latent-space conversions at
+segment boundaries, and the model patches that collect evidence. Patches use only public
+surfaces: ``ModelPatcher.clone()``, ``patcher_extension`` wrappers and
+``transformer_options["patches_replace"]["dit"]`` block patches, each chained to whatever
+was there before.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import weakref
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+
+import comfy.model_management
+import comfy.patcher_extension
+import comfy.sample
+import comfy.samplers
+import comfy.utils
+
+from .keys import CompatibilityClass, digest, sigma_schedule_digest, tensor_digest
+
+log = logging.getLogger("carnator")
+
+WRAPPER_KEY = "carnator"
+_BLOCK_LISTS = ("blocks", "double_blocks", "transformer_blocks", "joint_blocks", "layers")
+_base_digests: "weakref.WeakKeyDictionary[torch.nn.Module, str]" = weakref.WeakKeyDictionary()
+
+
+# ------------------------------------------------------------------ identity of a model
+def _digest_patch_value(value: Any) -> Any:
+    """Digest whatever a weight patch holds (tensors, LoRA adapter objects, tuples)."""
+    if isinstance(value, torch.Tensor):
+        return tensor_digest(value, max_values=4096)
+    if isinstance(value, (list, tuple)):
+        return [_digest_patch_value(v) for v in value]
+    if isinstance(value, (int, float, str, bool)) or value is None:
+        return value
+    weights = getattr(value, "weights", None)  # comfy.weight_adapter LoRA/LoHa/... objects
+    if weights is not None:
+        return [type(value).__name__, _digest_patch_value(weights)]
+    return type(value).__name__
+
+
+def model_fingerprint(model) -> str:
+    """Weights *and* applied patches: a LoRA-patched clone gets another fingerprint."""
+    module = model.model
+    if module not in _base_digests:
+        backup = getattr(model, "backup", {}) or {}
+        parts = [type(module).__name__, type(module.diffusion_model).__name__]
+        for name, tensor in module.diffusion_model.state_dict().items():
+            # when LoRA weights are currently merged in place, hash the original
+            original = backup.get("diffusion_model." + name)
+            t = original.weight if original is not None else tensor
+            parts.append((name, tensor_digest(t, max_values=64)))
+        _base_digests[module] = digest(parts)
+    patches = []
+    for key in sorted(getattr(model, "patches", {})):
+        for p in model.patches[key]:
+            strength_patch, value, strength_model = p[0], p[1], p[2]
+            patches.append((key, float(strength_patch), float(strength_model),
+                            _digest_patch_value(value)))
+    return digest(_base_digests[module], patches)[:32]
+
+
+def backbone_name(model) -> str:
+    return type(model.model).__name__
+
+
+def cond_digest(conditioning) -> str:
+    """Digest of a CONDITIONING list: tensors and the plain values beside them."""
+    parts = []
+    for item in conditioning or []:
+        tensor, extras = item[0], item[1] if len(item) > 1 else {}
+        parts.append(tensor_digest(tensor))
+        for k in sorted(extras):
+            v = extras[k]
+            if isinstance(v, torch.Tensor):
+                parts.append((k, tensor_digest(v)))
+            elif isinstance(v, (int, float, str, bool)) or v is None:
+                parts.append((k, v))
+            else:
+                parts.append((k, type(v).__name__))  # hooks, control objects: type only
+    return digest(parts)
+
+
+def default_cache_folder() -> str:
+    """Under ComfyUI's user directory, so it survives restarts and updates of the pack."""
+    env = os.environ.get("CARNATOR_CACHE_DIR")
+    if env:
+        return env
+    try:
+        import folder_paths
+        return os.path.join(folder_paths.get_user_directory(), "carnator_cache")
+    except Exception:  # noqa: BLE001 - outside a ComfyUI process
+        return os.path.join(os.path.expanduser("~"), ".cache", "carnator")
+
+
+# ------------------------------------------------------------------ evidence collection
+@dataclass
+class StepRecorder:
+    """Per-run state shared by the block patch and the model wrapper."""
+
+    sigmas: torch.Tensor
+    capture_steps: set[int] = field(default_factory=set)
+    block_tokens: dict[int, torch.Tensor] = field(default_factory=dict)
+    model_calls: int = 0
+
+    def step_of(self, sigma: torch.Tensor | None) -> int | None:
+        if sigma is None:
+            return None
+        s = float(sigma.reshape(-1)[0])
+        idx = int(torch.argmin((self.sigmas - s).abs()))
+        return idx if abs(float(self.sigmas[idx]) - s) <= 1e-4 * max(1.0, abs(s)) else None
+
+
+def _cond_row(tensor: torch.Tensor, transformer_options: dict) -> torch.Tensor:
+    """First row of the positive-conditioning chunk of a batched (cond, uncond) call."""
+    order = transformer_options.get("cond_or_uncond") or [0]
+    chunk = tensor.shape[0] // max(len(order), 1)
+    idx = order.index(0) if 0 in order else 0
+    return tensor[idx * chunk]
+
+
+def _find_block_list(diffusion_model: torch.nn.Module) -> torch.nn.ModuleList | None:
+    for name in _BLOCK_LISTS:
+        blocks = getattr(diffusion_model, name, None)
+        if isinstance(blocks, torch.nn.ModuleList) and len(blocks) > 0:
+            return blocks
+    return None
+
+
+def patched_for_recording(model, recorder: StepRecorder):
+    """A clone that records model calls and one block's tokens at the capture steps."""
+    m = model.clone()
+
+    def count_calls(executor, *args, **kwargs):
+        recorder.model_calls += 1
+        return executor(*args, **kwargs)
+
+    m.add_wrapper_with_key(comfy.patcher_extension.WrappersMP.DIFFUSION_MODEL, WRAPPER_KEY,
+                           count_calls)
+    blocks = _find_block_list(m.get_model_object("diffusion_model"))
+    if blocks is None:
+        log.info("Carnator: no known block list on %s; signature uses x̂0 only", backbone_name(m))
+        return m
+    index = len(blocks) // 2
+    replace = m.model_options.get("transformer_options", {}).get("patches_replace", {})
+    previous = replace.get("dit", {}).get(("double_block", index))
+
+    def record_block(args, extra):
+        # chain: another pack's patch on this block keeps working
+        out = previous(args, extra) if previous is not None else extra["original_block"](args)
+        opts = args.get("transformer_options", {})
+        step = recorder.step_of(opts.get("sigmas"))
+        if step in recorder.capture_steps and isinstance(out.get("img"), torch.Tensor):
+            recorder.block_tokens[step] = _cond_row(out["img"], opts).detach().float().cpu()
+        return out
+
+    m.set_model_patch_replace(record_block, "dit", "double_block", index)
+    return m
+
+
+# ------------------------------------------------------------------ one request
+def schedule(model, scheduler: str, sampler_name: str, steps: int) -> torch.Tensor:
+    """The sigma schedule KSampler would use (including its penultimate-sigma rule)."""
+    ms = model.get_model_object("model_sampling")
+    if sampler_name in comfy.samplers.KSampler.DISCARD_PENULTIMATE_SIGMA_SAMPLERS:
+        s = comfy.samplers.calculate_sigmas(ms, scheduler, steps + 1)
+        s = torch.cat([s[:-2], s[-1:]])
+    else:
+        s = comfy.samplers.calculate_sigmas(ms, scheduler, steps)
+    return s.cpu().float()
+
+
+
+StepCallback = Callable[[int, torch.Tensor, torch.Tensor], None]
+
+
+class ComfyRun:
+    """One request bound to a ComfyUI model: schedule, noise, and segment sampling."""
+
+    def __init__(self, model, positive, negative, latent: dict, seed: int, steps: int,
+                 cfg: float, sampler_name: str, scheduler: str, seed_policy: str = "same_seed",
+                 noise_pool: int = 4):
+        if "samples" not in latent:
+            raise ValueError("LATENT input has no 'samples' tensor")
+        self.model = model
+        self.positive, self.negative = positive, negative
+        self.steps, self.cfg = int(steps), float(cfg)
+        self.sampler_name, self.scheduler = sampler_name, scheduler
+        self.seed = int(seed)
+        if seed_policy == "shared_noise":
+            self.noise_seed, self.noise_frame = self.seed % noise_pool, f"pool:{self.seed % noise_pool}"
+        else:
+            self.noise_seed, self.noise_frame = self.seed, f"seed:{self.seed}"
+        self.latent_image = comfy.sample.fix_empty_latent_channels(model, latent["samples"])
+        self.batch_index = latent.get("batch_index")
+        self.noise = comfy.sample.prepare_noise(self.latent_image, self.noise_seed, self.batch_index)
+        self.sigmas = schedule(model, scheduler, sampler_name, self.steps)
+        self.recorder = StepRecorder(self.sigmas)
+        self.patched = patched_for_recording(model, self.recorder)
+        self.progress = comfy.utils.ProgressBar(self.steps)
+
+    # identity
+    def compatibility_class(self) -> CompatibilityClass:
+        return CompatibilityClass(
+            model_fingerprint=model_fingerprint(self.model),
+            latent_shape=tuple(int(s) for s in self.latent_image.shape),
+            sigma_digest=sigma_schedule_digest(self.sigmas.tolist()),
+            sampler=self.sampler_name, cfg=round(self.cfg, 4), noise_frame=self.noise_frame)
+
+    def exact_key(self, klass: CompatibilityClass) -> str:
+        return digest(klass.key, cond_digest(self.positive), cond_digest(self.negative),
+                      tensor_digest(self.latent_image, max_values=4096))[:32]
+
+    @property
+    def latent_shape(self) -> tuple[int, ...]:
+        return tuple(self.latent_image.shape)
+
+    @property
+    def backbone(self) -> str:
+        return backbone_name(self.model)
+
+    @property
+    def model_calls(self) -> int:
+        return self.recorder.model_calls
+
+    # sampling
+    def sample(self, start: int, end: int, boundary_latent: torch.Tensor | None,
+               on_step: StepCallback | None = None, capture_steps: set[int] = frozenset()) -> torch.Tensor:
+        """Run steps start..end-1; returns the latent at step ``end`` in ComfyUI's
+        between-samplers form (what KSamplerAdvanced passes on).
+
+        ``boundary_latent`` None starts from the request's own noise (step 0).
+        ``on_step(step, x, x0_hat)`` sees the sampler-space x at each step and the guided
+        denoised estimate computed from it.
+        """
+        if end <= start:
+            return boundary_latent if boundary_latent is not None else self.latent_image
+        fresh = boundary_latent is None
+        latent = self.latent_image if fresh else boundary_latent
+        noise = self.noise if fresh else torch.zeros_like(latent)
+        self.recorder.capture_steps = set(capture_steps)
+
+        def callback(i, x0, x, total):
+            step = start + i
+            if on_step is not None:
+                on_step(step, x.detach(), x0.detach())
+            self.progress.update_absolute(step + 1, self.steps)
+
+        sampler = comfy.samplers.sampler_object(self.sampler_name)
+        return comfy.sample.sample_custom(
+            self.patched, noise, self.cfg, sampler, self.sigmas[start:end + 1], self.positive,
+            self.negative, latent, noise_mask=None, callback=callback, disable_pbar=True,
+            seed=self.noise_seed)
+
+    def block_tokens(self, step: int) -> torch.Tensor | None:
+        return self.recorder.block_tokens.get(step)
+
+    # latent-space conversions at segment boundaries
+    def _model_sampling(self):
+        return self.model.get_model_object("model_sampling")
+
+    def boundary_from_sampler_space(self, x: torch.Tensor, step: int) -> torch.Tensor:
+        """Sampler-space x at ``step`` → the form ``sample`` accepts to resume there."""
+        sigma = self.sigmas[step].to(x.device)
+        latent = self._model_sampling().inverse_noise_scaling(sigma, x.float())
+        return self.model.model.process_latent_out(latent).to(comfy.model_management.intermediate_device())
+
+    def renoise(self, x0_hat: torch.Tensor, step: int) -> torch.Tensor:
+        """The request's own estimate x̂0 brought to sigma_step with its own noise."""
+        sigma = self.sigmas[step].to(x0_hat.device)
+        return self._model_sampling().noise_scaling(sigma, self.noise.to(x0_hat.device),
+                                                    x0_hat.float(), max_denoise=False)
+
+    def finish_progress(self) -> None:
+        self.progress.update_absolute(self.steps, self.steps)
+
+
+# ------------------------------------------------------------------ node-facing helpers
+SAMPLER_NAMES = comfy.samplers.KSampler.SAMPLERS
+SCHEDULER_NAMES = comfy.samplers.KSampler.SCHEDULERS
+
+
+def notify(event: str, data: dict, node_id: str | None = None) -> None:
+    """Send a websocket message to the page (phase changes, results); no-op headless."""
+    try:
+        from server import PromptServer
+        instance = getattr(PromptServer, "instance", None)
+        if instance is not None:
+            instance.send_sync(f"carnator.{event}", {**data, "node": node_id})
+    except Exception:  # noqa: BLE001 - never let UI messaging break sampling
+        pass
+
+
+def start_request(model, positive, negative, latent: dict, seed: int, steps: int, cfg: float,
+                  sampler_name: str, scheduler: str, settings, cache_config: dict | None = None,
+                  seed_policy: str = "same_seed", label: str = "", node_id: str | None = None):
+    """Build the run, open the cache (or explain why not) and run the Early Probe."""
+    from .pipeline import open_cache, probe  # local: pipeline imports nothing of ComfyUI
+    cache_config = cache_config or {}
+    folder = cache_config.get("folder") or default_cache_folder()
+    capacity = int(cache_config.get("capacity_bytes") or 8 * 1024**3)
+    run = ComfyRun(model, positive, negative, latent, seed, steps, cfg, sampler_name, scheduler,
+                   seed_policy=seed_policy)
+    cache, message = open_cache(folder, capacity)
+    notify("phase", {"phase": "probe", "steps": run.steps}, node_id)
+    return probe(run, cache, settings, cache_message=message, prompt=label)

@@ -1,0 +1,171 @@
+"""Risk-aware Compatibility Gate (DESIGN.md §2.4).
+
+Given the probe's signature and a candidate's signature at the same step, decide:
+- the target-specific region M: tiles whose early evidence disagrees (recomputed fresh);
+- the reuse depth k*: the deepest stored snapshot whose predicted risk fits the budget;
+- the predicted risk: probability that reusing at k* deviates beyond tolerance from what
+  the request would have produced from the same noise.
+
+The risk model is a logistic function of a few evidence features. Its default weights are
+an *uncalibrated* prior; ``RiskModel.fit`` (and the calibration command) replace them with
+weights fitted on measured deviations for a given model fingerprint.
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field, asdict
+from pathlib import Path
+
+import torch
+
+from .signature import EarlySignature, tile_deviation
+
+FEATURES = ("outside_mean", "outside_max", "region_fraction", "depth_fraction", "similarity_gap")
+
+
+@dataclass
+class RiskModel:
+    """P(deviation > tolerance | evidence, depth) = sigmoid(bias + Σ w_i · feature_i)."""
+
+    weights: dict[str, float] = field(default_factory=lambda: {
+        "outside_mean": 10.0, "outside_max": 4.0, "region_fraction": 3.0,
+        "depth_fraction": 3.0, "similarity_gap": 6.0})
+    bias: float = -7.0
+    region_threshold: float = 0.35  # tile deviation above which a tile joins M
+    calibrated: bool = False
+    source: str = "default prior (uncalibrated)"
+
+    def risk(self, features: dict[str, float]) -> float:
+        z = self.bias + sum(self.weights[k] * features[k] for k in FEATURES)
+        return 1.0 / (1.0 + math.exp(-max(min(z, 50.0), -50.0)))
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(asdict(self), indent=2))
+
+    @classmethod
+    def load(cls, path: str | Path) -> "RiskModel":
+        data = json.loads(Path(path).read_text())
+        unknown = set(data["weights"]) ^ set(FEATURES)
+        if unknown:
+            raise ValueError(f"risk model {path} has features {sorted(unknown)} this version "
+                             "does not know; re-run calibration")
+        return cls(**data)
+
+    @classmethod
+    def fit(cls, rows: list[dict[str, float]], labels: list[int], region_threshold: float,
+            iters: int = 3000, lr: float = 0.5, l2: float = 1e-3) -> "RiskModel":
+        """Logistic regression on (evidence features → exceeded tolerance?)."""
+        x = torch.tensor([[r[k] for k in FEATURES] for r in rows], dtype=torch.float64)
+        y = torch.tensor(labels, dtype=torch.float64)
+        w = torch.zeros(len(FEATURES), dtype=torch.float64, requires_grad=True)
+        b = torch.zeros((), dtype=torch.float64, requires_grad=True)
+        opt = torch.optim.LBFGS([w, b], lr=lr, max_iter=iters)
+
+        def closure():
+            opt.zero_grad()
+            loss = torch.nn.functional.binary_cross_entropy_with_logits(x @ w + b, y)
+            loss = loss + l2 * w.pow(2).sum()
+            loss.backward()
+            return loss
+
+        opt.step(closure)
+        return cls(weights={k: float(v) for k, v in zip(FEATURES, w.detach())},
+                   bias=float(b.detach()), region_threshold=region_threshold,
+                   calibrated=True, source=f"fitted on {len(rows)} measured reuses")
+
+
+def risk_model_for(cache_folder: str | Path, model_fingerprint: str) -> RiskModel:
+    """The calibrated risk model for this model if one was fitted, else the default prior."""
+    path = Path(cache_folder) / "calibration" / f"{model_fingerprint}.json"
+    if path.is_file():
+        return RiskModel.load(path)
+    return RiskModel()
+
+
+@dataclass
+class GateSettings:
+    risk_budget: float = 0.05      # α: the largest acceptable predicted risk
+    min_depth: float = 0.2         # k* bounds as fractions of the step count
+    max_depth: float = 0.7
+    max_region_fraction: float = 0.5  # beyond this the request is mostly new: reject
+
+
+@dataclass
+class Plan:
+    """The gate's decision for one request."""
+
+    accept: bool
+    entry_id: str | None = None
+    reuse_step: int | None = None          # k*
+    region_tiles: torch.Tensor | None = None  # bool (tiles,) — M
+    risk: float | None = None
+    similarity: float | None = None
+    features: dict[str, float] | None = None
+    reason: str = ""
+
+    @property
+    def region_fraction(self) -> float:
+        if self.region_tiles is None:
+            return 0.0
+        return float(self.region_tiles.float().mean())
+
+
+def evidence(new: EarlySignature, old: EarlySignature, similarity: float,
+             region_threshold: float) -> tuple[dict[str, float], torch.Tensor]:
+    """Features for the risk model, and the region M, for one candidate."""
+    dev = tile_deviation(new, old)
+    region = dev > region_threshold
+    outside = dev[~region] if (~region).any() else dev.new_zeros(1)
+    feats = {"outside_mean": float(outside.mean()), "outside_max": float(outside.max()),
+             "region_fraction": float(region.float().mean()),
+             "depth_fraction": 0.0, "similarity_gap": max(0.0, 1.0 - similarity)}
+    return feats, region
+
+
+def decide(new: EarlySignature, candidates: list[tuple[str, EarlySignature, float, list[int]]],
+           steps: int, probe_steps: int, model: RiskModel,
+           settings: GateSettings) -> tuple[Plan, list[Plan]]:
+    """Pick the best acceptable candidate and depth; also return every candidate's verdict.
+
+    ``candidates``: (entry id, its signature at the probe step, similarity, snapshot steps).
+    The deepest acceptable k* wins (more skipped steps); ties go to lower risk.
+    """
+    lo = max(probe_steps, math.ceil(settings.min_depth * steps))
+    hi = math.floor(settings.max_depth * steps)
+    verdicts: list[Plan] = []
+    for entry_id, old, sim, snapshot_steps in candidates:
+        feats, region = evidence(new, old, sim, model.region_threshold)
+        base = dict(entry_id=entry_id, region_tiles=region, similarity=sim)
+        if feats["region_fraction"] > settings.max_region_fraction:
+            verdicts.append(Plan(False, features=feats, reason=(
+                f"{feats['region_fraction']:.0%} of tiles differ (limit "
+                f"{settings.max_region_fraction:.0%}): mostly a new video"), **base))
+            continue
+        depths = sorted((k for k in snapshot_steps if lo <= k <= hi), reverse=True)
+        if not depths:
+            verdicts.append(Plan(False, features=feats, reason=(
+                f"no stored snapshot between steps {lo} and {hi}"), **base))
+            continue
+        best = None
+        for k in depths:
+            f = {**feats, "depth_fraction": k / steps}
+            r = model.risk(f)
+            if r <= settings.risk_budget:
+                best = Plan(True, reuse_step=k, risk=r, features=f,
+                            reason=f"risk {r:.1%} ≤ budget {settings.risk_budget:.1%}", **base)
+                break
+        if best is None:
+            f = {**feats, "depth_fraction": depths[-1] / steps}
+            r = model.risk(f)
+            best = Plan(False, risk=r, features=f, reason=(
+                f"predicted risk {r:.1%} at the shallowest depth {depths[-1]} exceeds the "
+                f"budget {settings.risk_budget:.1%}"), **base)
+        verdicts.append(best)
+    accepted = [p for p in verdicts if p.accept]
+    if not accepted:
+        if not verdicts:
+            return Plan(False, reason="no candidates"), verdicts
+        return verdicts[0], verdicts  # the best-ranked candidate's verdict explains the miss
+    accepted.sort(key=lambda p: (-p.reuse_step, p.risk))
+    return accepted[0], verdicts

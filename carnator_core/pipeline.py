@@ -1,0 +1,320 @@
+"""Probe → lookup → gate → reuse: the request flow of DESIGN.md §2, model-agnostic.
+
+The functions here drive a *run* object (``comfy_adapter.ComfyRun`` in ComfyUI) through a
+small interface: ``sample(start, end, boundary_latent, on_step, capture_steps)``,
+``boundary_from_sampler_space``, ``renoise``, ``block_tokens``, ``compatibility_class``,
+``exact_key``, ``steps``, ``sigmas``, ``latent_shape``, ``model_calls``. They hold no
+ComfyUI knowledge, so the node classes stay declarations and the method stays readable.
+"""
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from .cache import CacheError, LookupResult, StoredEntry, TrajectoryCache
+from .gate import GateSettings, Plan, RiskModel, decide
+from .keys import CompatibilityClass, shape_str
+from .signature import (EarlySignature, pool_latent_tiles, pool_token_tiles, tile_grid_for,
+                        tiles_to_latent_mask)
+
+log = logging.getLogger("carnator")
+
+
+@dataclass
+class ReuseSettings:
+    probe_fraction: float = 0.1     # share of steps the probe runs (at least 1)
+    snapshot_count: int = 6         # stored x_k snapshots per trajectory
+    top_k: int = 3
+    gate: GateSettings = field(default_factory=GateSettings)
+    store: bool = True
+
+    def probe_steps(self, steps: int) -> int:
+        return max(1, min(steps - 1, math.ceil(self.probe_fraction * steps)))
+
+    def snapshot_steps(self, steps: int) -> list[int]:
+        lo = max(1, math.ceil(self.gate.min_depth * steps))
+        hi = max(lo, math.floor(self.gate.max_depth * steps))
+        n = max(1, min(self.snapshot_count, hi - lo + 1))
+        return sorted({round(lo + i * (hi - lo) / max(n - 1, 1)) for i in range(n)})
+
+
+class TrajectoryRecord:
+    """What a request computed: per-step tile maps, snapshots, the last x̂0."""
+
+    def __init__(self, run, snapshot_steps: list[int]):
+        self.run = run
+        self.grid = tile_grid_for(run.latent_shape)
+        self.thw = tuple(run.latent_shape[-3:])
+        self.snapshot_steps = set(snapshot_steps)
+        self.xhat: dict[int, torch.Tensor] = {}
+        self.features: dict[int, torch.Tensor] = {}
+        self.snapshots: dict[int, torch.Tensor] = {}
+        self.last_x0: torch.Tensor | None = None
+
+    def on_step(self, step: int, x: torch.Tensor, x0: torch.Tensor) -> None:
+        self.xhat[step] = pool_latent_tiles(x0, self.grid).cpu()
+        self.last_x0 = x0
+        tokens = self.run.block_tokens(step)
+        if tokens is not None:
+            tiles = pool_token_tiles(tokens, self.thw, self.grid)
+            if tiles is not None:
+                self.features[step] = tiles
+        if step in self.snapshot_steps:
+            self.snapshots[step] = x.detach().float().cpu().clone()
+
+    def fork(self) -> "TrajectoryRecord":
+        """A copy to continue into, so a probe re-used by ComfyUI's node cache stays clean."""
+        other = TrajectoryRecord(self.run, sorted(self.snapshot_steps))
+        other.xhat, other.features = dict(self.xhat), dict(self.features)
+        other.snapshots, other.last_x0 = dict(self.snapshots), self.last_x0
+        return other
+
+    def signature(self, step: int) -> EarlySignature:
+        return EarlySignature(step, self.grid, self.xhat[step], self.features.get(step))
+
+    def tensors(self, final: torch.Tensor) -> dict[str, torch.Tensor]:
+        steps = sorted(self.xhat)
+        out = {"final": final.float().cpu(), "tile_steps": torch.tensor(steps, dtype=torch.int64),
+               "xhat_tiles": torch.stack([self.xhat[s] for s in steps])}
+        fsteps = sorted(self.features)
+        if fsteps:
+            out["feature_steps"] = torch.tensor(fsteps, dtype=torch.int64)
+            out["feature_tiles"] = torch.stack([self.features[s] for s in fsteps])
+        for k, x in self.snapshots.items():
+            out[f"snapshot.{k}"] = x
+        return out
+
+
+def stored_signature(tensors: dict[str, torch.Tensor], step: int,
+                     grid: tuple[int, int, int]) -> EarlySignature | None:
+    """An entry's signature at ``step``, if it computed that step."""
+    steps = tensors["tile_steps"].tolist()
+    if step not in steps:
+        return None
+    feats = None
+    if "feature_steps" in tensors and step in tensors["feature_steps"].tolist():
+        feats = tensors["feature_tiles"][tensors["feature_steps"].tolist().index(step)]
+    return EarlySignature(step, grid, tensors["xhat_tiles"][steps.index(step)], feats)
+
+
+@dataclass
+class ProbeResult:
+    run: Any
+    settings: ReuseSettings
+    klass: CompatibilityClass
+    exact_key: str
+    cache: TrajectoryCache | None
+    cache_message: str | None
+    probe_steps: int
+    record: TrajectoryRecord
+    x_probe: torch.Tensor | None = None           # between-samplers latent at step P
+    exact_entry: StoredEntry | None = None
+    exact_latent: torch.Tensor | None = None
+    seconds: float = 0.0
+    probe_calls: int = 0
+    prompt: str = ""
+
+    @property
+    def signature(self) -> EarlySignature | None:
+        last = self.probe_steps - 1
+        return self.record.signature(last) if last in self.record.xhat else None
+
+
+@dataclass
+class Summary:
+    outcome: str                    # "hit" | "miss" | "exact"
+    steps_total: int
+    steps_computed: int
+    model_calls: int
+    seconds: float
+    reuse_step: int | None = None
+    risk: float | None = None
+    entry_id: str | None = None     # the matched entry
+    stored_id: str | None = None    # the new entry written for this request
+    region_fraction: float | None = None
+    saved_seconds: float | None = None
+    reason: str = ""
+    messages: list[str] = field(default_factory=list)
+
+    def text(self) -> str:
+        if self.outcome == "exact":
+            head = f"EXACT · entry {self.entry_id[:8]} · 0/{self.steps_total} steps computed"
+        elif self.outcome == "hit":
+            head = (f"HIT k*={self.reuse_step}/{self.steps_total} · computed "
+                    f"{self.steps_computed}/{self.steps_total} steps · risk {self.risk:.1%} · "
+                    f"region {self.region_fraction:.0%} recomputed · entry {self.entry_id[:8]}")
+        else:
+            head = (f"MISS · computed {self.steps_computed}/{self.steps_total} steps"
+                    + (" · stored" if self.stored_id else ""))
+        lines = [head + f" · {self.seconds:.2f} s"]
+        if self.saved_seconds:
+            lines.append(f"saved ≈ {self.saved_seconds:.2f} s")
+        if self.reason:
+            lines.append(self.reason)
+        lines.extend(self.messages)
+        return "\n".join(lines)
+
+    def as_dict(self) -> dict[str, Any]:
+        d = dict(self.__dict__)
+        d["text"] = self.text()
+        return d
+
+
+def open_cache(folder: str, capacity_bytes: int) -> tuple[TrajectoryCache | None, str | None]:
+    """The cache, or None with a message a person can act on (the request still runs)."""
+    try:
+        return TrajectoryCache(folder, capacity_bytes), None
+    except CacheError as e:
+        log.warning("Carnator: %s", e)
+        return None, str(e)
+
+
+def probe(run, cache: TrajectoryCache | None, settings: ReuseSettings,
+          cache_message: str | None = None, prompt: str = "") -> ProbeResult:
+    """Exact-repeat check, then the request's own first P steps with evidence collection."""
+    t0 = time.perf_counter()
+    klass = run.compatibility_class()
+    exact_key = run.exact_key(klass)
+    p = settings.probe_steps(run.steps)
+    record = TrajectoryRecord(run, settings.snapshot_steps(run.steps))
+    result = ProbeResult(run, settings, klass, exact_key, cache, cache_message, p, record,
+                         prompt=prompt)
+    if cache is not None:
+        entry = cache.find_exact(exact_key)
+        if entry is not None:
+            tensors = cache.load_tensors(entry.id, ["final"])
+            if tensors is not None:
+                result.exact_entry, result.exact_latent = entry, tensors["final"]
+                result.seconds = time.perf_counter() - t0
+                return result
+    calls = run.model_calls
+    result.x_probe = run.sample(0, p, None, record.on_step, capture_steps=set(range(p)))
+    result.probe_calls = run.model_calls - calls
+    result.seconds = time.perf_counter() - t0
+    return result
+
+
+def lookup(pr: ProbeResult, top_k: int | None = None) -> LookupResult:
+    if pr.exact_latent is not None:
+        return LookupResult([], "exact repeat: no lookup needed")
+    if pr.cache is None:
+        return LookupResult([], pr.cache_message or "cache unavailable")
+    sig = pr.signature
+    result = pr.cache.lookup(pr.klass.key, sig.global_vector(), top_k or pr.settings.top_k)
+    result.reports.extend(pr.cache.reports)
+    return result
+
+
+def gate(pr: ProbeResult, found: LookupResult, risk_model: RiskModel,
+         settings: GateSettings | None = None) -> tuple[Plan, list[Plan]]:
+    settings = settings or pr.settings.gate
+    if pr.exact_latent is not None:
+        return Plan(False, entry_id=pr.exact_entry.id, reason="exact repeat"), []
+    if not found.candidates:
+        return Plan(False, reason=f"no candidates: {found.message}"), []
+    new_sig = pr.signature
+    comparable = []
+    for cand in found.candidates:
+        tensors = pr.cache.load_tensors(cand.entry.id, ["tile_steps", "xhat_tiles",
+                                                        "feature_steps", "feature_tiles"])
+        if tensors is None:
+            continue  # file lost or corrupt: already quarantined and reported by the cache
+        old_sig = stored_signature(tensors, new_sig.step, new_sig.grid)
+        if old_sig is None:
+            continue
+        sim = float(torch.dot(new_sig.global_vector(), old_sig.global_vector()))
+        comparable.append((cand.entry.id, old_sig, sim, cand.entry.snapshot_steps))
+    if not comparable:
+        return Plan(False, reason="no candidate has evidence at this probe step"), []
+    return decide(new_sig, comparable, pr.run.steps, pr.probe_steps, risk_model, settings)
+
+
+def _start_from_candidate(pr: ProbeResult, plan: Plan) -> torch.Tensor | None:
+    """Candidate's x_k outside M, the request's own re-noised x̂0 inside M."""
+    k = plan.reuse_step
+    tensors = pr.cache.load_tensors(plan.entry_id, [f"snapshot.{k}"])
+    if tensors is None or f"snapshot.{k}" not in tensors:
+        return None
+    stored = tensors[f"snapshot.{k}"]
+    if tuple(stored.shape) != tuple(pr.run.latent_shape):
+        raise CacheError(f"cached snapshot {shape_str(stored.shape)} does not match latent "
+                         f"{shape_str(pr.run.latent_shape)} — no reuse")
+    x_k = stored.to(pr.record.last_x0.device)
+    if plan.region_tiles is not None and bool(plan.region_tiles.any()):
+        mask = tiles_to_latent_mask(plan.region_tiles, pr.record.grid, pr.run.latent_shape)
+        own = pr.run.renoise(pr.record.last_x0, k)
+        x_k = torch.lerp(x_k, own, mask.to(x_k.device))
+    return pr.run.boundary_from_sampler_space(x_k, k)
+
+
+def reuse(pr: ProbeResult, plan: Plan) -> tuple[torch.Tensor, Summary]:
+    """Finish the request: exact repeat, resume from the plan, or continue the probe."""
+    t0 = time.perf_counter()
+    run, n = pr.run, pr.run.steps
+    messages = list(pr.cache.reports) if pr.cache is not None else []
+    if pr.cache_message:
+        messages.append(pr.cache_message)
+    if pr.exact_latent is not None:
+        pr.cache.record_use(pr.exact_entry.id, n)
+        s = Summary("exact", n, 0, 0, pr.seconds + time.perf_counter() - t0,
+                    entry_id=pr.exact_entry.id, reason="exact repeat of a stored request",
+                    messages=messages)
+        _log_request(pr, s)
+        return pr.exact_latent, s
+
+    start = None
+    if plan.accept:
+        try:
+            start = _start_from_candidate(pr, plan)
+        except CacheError as e:
+            messages.append(str(e))
+        if start is None and not messages:
+            messages.append(f"entry {plan.entry_id[:8]} lost its snapshot; ran as a miss")
+    record, calls = pr.record.fork(), run.model_calls
+    if start is not None:
+        final = run.sample(plan.reuse_step, n, start, record.on_step)
+        outcome, computed = "hit", pr.probe_steps + (n - plan.reuse_step)
+    else:
+        final = run.sample(pr.probe_steps, n, pr.x_probe, record.on_step)
+        outcome, computed = "miss", n
+    seconds = pr.seconds + time.perf_counter() - t0
+    s = Summary(outcome, n, computed, pr.probe_calls + run.model_calls - calls, seconds,
+                messages=messages, reason=plan.reason)
+    if outcome == "hit":
+        s.reuse_step, s.risk, s.entry_id = plan.reuse_step, plan.risk, plan.entry_id
+        s.region_fraction = plan.region_fraction
+        s.saved_seconds = seconds / computed * (n - computed)
+        pr.cache.record_use(plan.entry_id, n - computed)
+    s.stored_id = _store(pr, record, final, plan if outcome == "hit" else None)
+    _log_request(pr, s)
+    return final, s
+
+
+def _store(pr: ProbeResult, record: TrajectoryRecord, final: torch.Tensor,
+           plan: Plan | None) -> str | None:
+    if pr.cache is None or not pr.settings.store or pr.signature is None:
+        return None
+    if pr.cache.find_exact(pr.exact_key) is not None:
+        return None  # the same request was stored meanwhile (ComfyUI re-ran this node)
+    run = pr.run
+    row = {"class_key": pr.klass.key, "exact_key": pr.exact_key,
+           "model_fingerprint": pr.klass.model_fingerprint, "backbone": run.backbone,
+           "latent_shape": shape_str(run.latent_shape), "steps": run.steps, "seed": run.seed,
+           "cfg": run.cfg, "sampler": run.sampler_name, "scheduler": run.scheduler,
+           "prompt": pr.prompt[:500], "probe_step": pr.probe_steps,
+           "snapshot_steps": str(sorted(record.snapshots)),
+           "source_entry": plan.entry_id if plan else None,
+           "class_json": str(pr.klass)}
+    return pr.cache.store(row, record.tensors(final), pr.signature.global_vector())
+
+
+def _log_request(pr: ProbeResult, s: Summary) -> None:
+    if pr.cache is not None:
+        pr.cache.log_request(s.outcome, s.entry_id, s.steps_computed, s.steps_total, s.seconds,
+                             pr.klass.key)
+    log.info("Carnator: %s", s.text().replace("\n", " | "))

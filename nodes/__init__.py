@@ -1,0 +1,17 @@
+"""Carnator nodes for ComfyUI (V3 schema)."""
+from comfy_api.latest import ComfyExtension, io
+
+from .pipeline_nodes import (CarnatorCacheLookup, CarnatorCompatibilityGate, CarnatorEarlyProbe,
+                             CarnatorReuseSampler)
+from .sampler_node import CarnatorSampler
+from .utility_nodes import CarnatorCache, CarnatorDemoTextEncode
+
+NODES: list[type[io.ComfyNode]] = [
+    CarnatorEarlyProbe, CarnatorCacheLookup, CarnatorCompatibilityGate, CarnatorReuseSampler,
+    CarnatorSampler, CarnatorCache, CarnatorDemoTextEncode,
+]
+
+
+class CarnatorExtension(ComfyExtension):
+    async def get_node_list(self) -> list[type[io.ComfyNode]]:
+        return NODES

@@ -1,0 +1,52 @@
+"""Input declarations shared by several nodes (one place for their tooltips and ranges)."""
+from comfy_api.latest import io
+
+from ..carnator_core.comfy_adapter import SAMPLER_NAMES, SCHEDULER_NAMES
+from .types import CacheConfig
+
+
+def sampling_inputs() -> list:
+    """KSampler's inputs, with KSampler's names so workflows convert easily."""
+    return [
+        io.Model.Input("model", tooltip="The video diffusion model (any loader, LoRA and patches included: they are part of the cache key)."),
+        io.Conditioning.Input("positive", tooltip="What the video should show."),
+        io.Conditioning.Input("negative", tooltip="What the video should avoid."),
+        io.Latent.Input("latent_image", tooltip="The empty video latent that sets size and length."),
+        io.Int.Input("seed", default=0, min=0, max=0xFFFFFFFFFFFFFFFF, control_after_generate=True,
+                     tooltip="Noise seed. Under the same_seed policy only entries with this seed are reused."),
+        io.Int.Input("steps", default=30, min=2, max=10000, tooltip="Denoising steps N."),
+        io.Float.Input("cfg", default=5.0, min=0.0, max=100.0, step=0.1, round=0.01,
+                       tooltip="Classifier-free guidance scale."),
+        io.Combo.Input("sampler_name", options=SAMPLER_NAMES, default="euler",
+                       tooltip="Sampler. Single-step samplers (euler) resume exactly; multistep ones restart their history at the resume step."),
+        io.Combo.Input("scheduler", options=SCHEDULER_NAMES, default="simple",
+                       tooltip="Sigma schedule; part of the compatibility class."),
+    ]
+
+
+def probe_inputs() -> list:
+    return [
+        io.Float.Input("probe_fraction", default=0.1, min=0.02, max=0.5, step=0.01,
+                       tooltip="Share of the steps the Early Probe runs for real (at least one). The probe steps belong to the request: a miss just continues from them."),
+        io.Combo.Input("seed_policy", options=["same_seed", "shared_noise"], default="same_seed", optional=True,
+                       tooltip="same_seed: reuse only entries made with this seed (interactive). shared_noise: requests draw noise from a small pool of canonical seeds so more of them are comparable (serving)."),
+        io.Int.Input("snapshot_count", default=6, min=1, max=64, optional=True,
+                     tooltip="How many intermediate latents x_k this request stores for later reuse."),
+        io.String.Input("label", default="", optional=True,
+                        tooltip="Text shown for this request in the cache browser (e.g. the prompt)."),
+        CacheConfig.Input("cache", optional=True,
+                          tooltip="Cache folder and capacity from a 'Carnator Cache' node; default: carnator_cache in ComfyUI's user directory."),
+    ]
+
+
+def gate_inputs() -> list:
+    return [
+        io.Float.Input("risk_budget", default=0.05, min=0.0, max=1.0, step=0.005,
+                       tooltip="α: the largest accepted probability that reuse makes the video deviate beyond tolerance from a full computation."),
+        io.Float.Input("min_depth", default=0.2, min=0.0, max=1.0, step=0.05, optional=True,
+                       tooltip="Shallowest reuse step k*, as a share of the steps."),
+        io.Float.Input("max_depth", default=0.7, min=0.0, max=1.0, step=0.05, optional=True,
+                       tooltip="Deepest reuse step k*, as a share of the steps."),
+        io.Float.Input("max_region", default=0.5, min=0.0, max=1.0, step=0.05, optional=True,
+                       tooltip="Reject when more than this share of the video must be recomputed."),
+    ]

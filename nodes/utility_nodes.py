@@ -1,0 +1,45 @@
+"""Cache settings and the demo text encoder."""
+from __future__ import annotations
+
+from comfy_api.latest import io
+
+from ..carnator_core.comfy_adapter import default_cache_folder
+from ..carnator_core.demo_text import BACKBONES, conditioning_for
+from .types import CacheConfig
+
+
+class CarnatorCache(io.ComfyNode):
+    @classmethod
+    def define_schema(cls) -> io.Schema:
+        return io.Schema(
+            node_id="CarnatorCache", display_name="Carnator Cache", category="Carnator",
+            description="Where Carnator keeps trajectories (an SQLite index with safetensors files) and how much disk it may use.",
+            inputs=[
+                io.String.Input("folder", default="", tooltip="Cache folder; empty means carnator_cache in ComfyUI's user directory. Several ComfyUI processes may share one folder."),
+                io.Float.Input("capacity_gb", default=8.0, min=0.01, max=10000.0, step=0.5, tooltip="Disk capacity; the least useful unpinned entries are evicted beyond it."),
+            ],
+            outputs=[CacheConfig.Output("cache", tooltip="Connect to Early Probe, Cache Lookup or Carnator Sampler.")],
+        )
+
+    @classmethod
+    def execute(cls, folder, capacity_gb) -> io.NodeOutput:
+        return io.NodeOutput({"folder": folder.strip() or default_cache_folder(),
+                              "capacity_bytes": int(capacity_gb * 1024**3)})
+
+
+class CarnatorDemoTextEncode(io.ComfyNode):
+    @classmethod
+    def define_schema(cls) -> io.Schema:
+        return io.Schema(
+            node_id="CarnatorDemoTextEncode", display_name="Carnator Demo Text Encode", category="Carnator/demo",
+            description="A deterministic hashing text encoder for the bundled tiny demo models (no text-encoder weights needed). For real models use CLIPTextEncode with the model's own text encoder.",
+            inputs=[
+                io.String.Input("text", multiline=True, default="a red ball rolls left", tooltip="The prompt; words shared between prompts give similar conditioning."),
+                io.Combo.Input("backbone", options=list(BACKBONES), default="wan21", tooltip="Which model family the conditioning is shaped for."),
+            ],
+            outputs=[io.Conditioning.Output(tooltip="Conditioning for the tiny demo models.")],
+        )
+
+    @classmethod
+    def execute(cls, text, backbone) -> io.NodeOutput:
+        return io.NodeOutput(conditioning_for(text, backbone))
