@@ -51,7 +51,7 @@ ENTRY_COLUMNS = {
     "sampler": str, "scheduler": str, "prompt": str, "probe_step": int,
     "snapshot_steps": str, "signature": bytes, "bytes": int, "created": float,
     "last_used": float, "hits": int, "steps_saved": float, "pinned": int,
-    "source_entry": str, "class_json": str,
+    "source_entry": str, "class_json": str, "latent_format": str,
 }
 
 

@@ -229,6 +229,10 @@ class ComfyRun:
         return backbone_name(self.model)
 
     @property
+    def latent_format(self) -> str:
+        return type(self.model.get_model_object("latent_format")).__name__
+
+    @property
     def model_calls(self) -> int:
         return self.recorder.model_calls
 
@@ -313,3 +317,21 @@ def start_request(model, positive, negative, latent: dict, seed: int, steps: int
     cache, message = open_cache(folder, capacity)
     notify("phase", {"phase": "probe", "steps": run.steps}, node_id)
     return probe(run, cache, settings, cache_message=message, prompt=label)
+
+
+def latent_rgb_factors(latent_format: str) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+    """ComfyUI's latent→RGB preview factors for a latent format class name (e.g. 'Wan21').
+
+    Returns (factors (C, 3), bias (3,) or None), or None when the format has none.
+    """
+    import comfy.latent_formats
+    cls = getattr(comfy.latent_formats, str(latent_format), None)
+    if not (isinstance(cls, type) and issubclass(cls, comfy.latent_formats.LatentFormat)):
+        return None
+    fmt = cls()
+    factors = getattr(fmt, "latent_rgb_factors", None)
+    if factors is None:
+        return None
+    bias = getattr(fmt, "latent_rgb_factors_bias", None)
+    return torch.tensor(factors, dtype=torch.float32), (
+        torch.tensor(bias, dtype=torch.float32) if bias is not None else None)

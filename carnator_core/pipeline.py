@@ -309,7 +309,7 @@ def _store(pr: ProbeResult, record: TrajectoryRecord, final: torch.Tensor,
            "prompt": pr.prompt[:500], "probe_step": pr.probe_steps,
            "snapshot_steps": str(sorted(record.snapshots)),
            "source_entry": plan.entry_id if plan else None,
-           "class_json": str(pr.klass)}
+           "class_json": str(pr.klass), "latent_format": run.latent_format}
     return pr.cache.store(row, record.tensors(final), pr.signature.global_vector())
 
 

@@ -1,0 +1,136 @@
+"""Write the example workflows in workflows/: UI format (what the page loads) and API twins.
+
+One graph description per example produces both files, so the twins cannot drift apart;
+tests/test_server_e2e.py also checks each UI file against the live server's /object_info.
+
+    python scripts/make_workflows.py
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+OUT = ROOT / "workflows"
+
+BACKBONES = {
+    # backbone: (tiny model file, empty-latent node, its widgets [width, height, length, batch])
+    "wan21": ("carnator_tiny_wan21.safetensors", "EmptyHunyuanLatentVideo", [128, 128, 9, 1]),
+    "hunyuan_video": ("carnator_tiny_hunyuan_video.safetensors", "EmptyHunyuanLatentVideo", [128, 128, 9, 1]),
+    "ltxv": ("carnator_tiny_ltxv.safetensors", "EmptyLTXVLatentVideo", [256, 256, 17, 1]),
+}
+PROMPT = "a red ball rolls left across a green field"
+STEPS, CFG, SEED = 12, 4.0, 42
+# The bundled tiny models have random weights: their early states move more between related
+# prompts than a trained model's, so the examples use a wider budget than the 5% default.
+RISK_BUDGET = 0.25
+
+# (output name, type) per node type, and the widget names in the order the page stores them
+OUTPUTS = {
+    "UNETLoader": [("MODEL", "MODEL")],
+    "CarnatorDemoTextEncode": [("CONDITIONING", "CONDITIONING")],
+    "EmptyHunyuanLatentVideo": [("LATENT", "LATENT")],
+    "EmptyLTXVLatentVideo": [("LATENT", "LATENT")],
+    "CarnatorEarlyProbe": [("probe", "CARNATOR_PROBE")],
+    "CarnatorCacheLookup": [("candidates", "CARNATOR_CANDIDATES")],
+    "CarnatorCompatibilityGate": [("plan", "CARNATOR_PLAN"), ("summary", "STRING")],
+    "CarnatorReuseSampler": [("LATENT", "LATENT"), ("summary", "STRING")],
+    "CarnatorSampler": [("LATENT", "LATENT"), ("summary", "STRING")],
+    "SaveLatent": [],
+}
+SAMPLING_WIDGETS = ["seed", "steps", "cfg", "sampler_name", "scheduler"]
+PROBE_WIDGETS = ["probe_fraction"]
+PROBE_OPTIONAL = ["seed_policy", "snapshot_count", "label"]
+GATE_WIDGETS = ["risk_budget"]
+GATE_OPTIONAL = ["min_depth", "max_depth", "max_region"]
+WIDGETS = {
+    "UNETLoader": ["unet_name", "weight_dtype"],
+    "CarnatorDemoTextEncode": ["text", "backbone"],
+    "EmptyHunyuanLatentVideo": ["width", "height", "length", "batch_size"],
+    "EmptyLTXVLatentVideo": ["width", "height", "length", "batch_size"],
+    "CarnatorEarlyProbe": SAMPLING_WIDGETS + PROBE_WIDGETS + PROBE_OPTIONAL,
+    "CarnatorCacheLookup": ["top_k"],
+    "CarnatorCompatibilityGate": GATE_WIDGETS + GATE_OPTIONAL,
+    "CarnatorReuseSampler": [],
+    "CarnatorSampler": SAMPLING_WIDGETS + PROBE_WIDGETS + GATE_WIDGETS + PROBE_OPTIONAL + GATE_OPTIONAL,
+    "SaveLatent": ["filename_prefix"],
+}
+
+
+def graph(backbone: str, single_node: bool) -> dict[str, dict]:
+    """API-format graph: {id: {class_type, inputs}} with links as [node_id, output_index]."""
+    model_file, latent_node, latent_widgets = BACKBONES[backbone]
+    g = {
+        "1": ("UNETLoader", {"unet_name": model_file, "weight_dtype": "default"}),
+        "2": ("CarnatorDemoTextEncode", {"text": PROMPT, "backbone": backbone}),
+        "3": ("CarnatorDemoTextEncode", {"text": "", "backbone": backbone}),
+        "4": (latent_node, dict(zip(WIDGETS[latent_node], latent_widgets))),
+    }
+    sampling = {"model": ["1", 0], "positive": ["2", 0], "negative": ["3", 0],
+                "latent_image": ["4", 0], "seed": SEED, "steps": STEPS, "cfg": CFG,
+                "sampler_name": "euler", "scheduler": "simple", "probe_fraction": 0.1,
+                "seed_policy": "same_seed", "snapshot_count": 6, "label": PROMPT}
+    gate = {"risk_budget": RISK_BUDGET, "min_depth": 0.2, "max_depth": 0.7, "max_region": 0.5}
+    if single_node:
+        g["5"] = ("CarnatorSampler", {**sampling, **gate})
+        final = "5"
+    else:
+        g["5"] = ("CarnatorEarlyProbe", sampling)
+        g["6"] = ("CarnatorCacheLookup", {"probe": ["5", 0], "top_k": 3})
+        g["7"] = ("CarnatorCompatibilityGate", {"candidates": ["6", 0], **gate})
+        g["8"] = ("CarnatorReuseSampler", {"plan": ["7", 0]})
+        final = "8"
+    g["9"] = ("SaveLatent", {"samples": [final, 0], "filename_prefix": f"carnator/{backbone}"})
+    return {k: {"class_type": t, "inputs": i, "_meta": {"title": t}} for k, (t, i) in g.items()}
+
+
+def to_ui(api: dict[str, dict]) -> dict:
+    """The page's format: nodes with widget values in order, and a link table."""
+    links, nodes = [], []
+    consumers: dict[tuple[str, int], list[int]] = {}
+    for nid, node in api.items():
+        for name, value in node["inputs"].items():
+            if isinstance(value, list):
+                link_id = len(links) + 1
+                src_type = OUTPUTS[api[value[0]]["class_type"]][value[1]][1]
+                links.append([link_id, int(value[0]), value[1], int(nid), name, src_type])
+                consumers.setdefault((value[0], value[1]), []).append(link_id)
+    for col, (nid, node) in enumerate(api.items()):
+        t = node["class_type"]
+        widgets = []
+        for w in WIDGETS[t]:
+            widgets.append(node["inputs"][w])
+            if w == "seed":
+                widgets.append("fixed")  # the page's control_after_generate value
+        inputs = []
+        for link in links:
+            if link[3] == int(nid):
+                inputs.append({"name": link[4], "type": link[5], "link": link[0]})
+        outputs = [{"name": n, "type": ty, "links": consumers.get((nid, i), []), "slot_index": i}
+                   for i, (n, ty) in enumerate(OUTPUTS[t])]
+        nodes.append({"id": int(nid), "type": t, "pos": [40 + 330 * (col % 5), 60 + 380 * (col // 5)],
+                      "size": [300, 200], "flags": {}, "order": col, "mode": 0,
+                      "inputs": inputs, "outputs": outputs, "properties": {"Node name for S&R": t},
+                      "widgets_values": widgets})
+    ui_links = []
+    for link_id, src, src_slot, dst, name, ty in links:
+        dst_slot = [i["name"] for i in next(n for n in nodes if n["id"] == dst)["inputs"]].index(name)
+        ui_links.append([link_id, src, src_slot, dst, dst_slot, ty])
+    return {"last_node_id": max(int(k) for k in api), "last_link_id": len(links),
+            "nodes": nodes, "links": ui_links, "groups": [], "config": {}, "extra": {},
+            "version": 0.4}
+
+
+def main() -> None:
+    (OUT / "api").mkdir(parents=True, exist_ok=True)
+    for backbone in BACKBONES:
+        for single, suffix in ((False, "4node"), (True, "sampler")):
+            name = f"carnator_{backbone}_{suffix}"
+            api = graph(backbone, single)
+            (OUT / f"{name}.json").write_text(json.dumps(to_ui(api), indent=1) + "\n")
+            (OUT / "api" / f"{name}.api.json").write_text(json.dumps(api, indent=1) + "\n")
+            print("wrote", name)
+
+
+if __name__ == "__main__":
+    main()
