@@ -24,7 +24,6 @@ import logging
 import os
 import re
 import sqlite3
-import threading
 import time
 import uuid
 from contextlib import contextmanager
@@ -35,7 +34,7 @@ from typing import Any, Iterator
 import numpy as np
 import sqlite_utils
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
 log = logging.getLogger("carnator")
@@ -94,9 +93,6 @@ class LookupResult:
 class TrajectoryCache:
     """A cache folder. Cheap to construct; opens connections per operation (thread-safe)."""
 
-    _checked: set[str] = set()
-    _check_lock = threading.Lock()
-
     def __init__(self, folder: str | os.PathLike, capacity_bytes: int = DEFAULT_CAPACITY_BYTES):
         self.folder = Path(folder).expanduser().resolve()
         self.capacity_bytes = int(capacity_bytes)
@@ -105,7 +101,7 @@ class TrajectoryCache:
         self.db_path = self.folder / DB_NAME
         self.reports: list[str] = []  # problems found and handled, for the node summary
         self._ensure_folder()
-        self._check_and_repair_once()
+        self._check_and_repair()
 
     # ---------------------------------------------------------------- set-up and repair
     def _ensure_folder(self) -> None:
@@ -158,19 +154,16 @@ class TrajectoryCache:
                 db["meta"].insert({"key": "schema_version", "value": str(SCHEMA_VERSION)},
                                   pk="key")
 
-    def _check_and_repair_once(self) -> None:
-        with self._check_lock:
-            if str(self.db_path) in self._checked and self.db_path.exists():
-                return
-            try:
-                with self._db() as db:
-                    result = db.execute("PRAGMA quick_check").fetchone()[0]
-                if result != "ok":
-                    raise sqlite3.DatabaseError(result)
-                self._create_schema()
-            except sqlite3.DatabaseError as e:
-                self._quarantine_database(str(e))
-            self._checked.add(str(self.db_path))
+    def _check_and_repair(self) -> None:
+        """quick_check on every open: a request must not trust a file damaged meanwhile."""
+        try:
+            with self._db() as db:
+                result = db.execute("PRAGMA quick_check").fetchone()[0]
+            if result != "ok":
+                raise sqlite3.DatabaseError(result)
+            self._create_schema()
+        except sqlite3.DatabaseError as e:
+            self._quarantine_database(str(e))
 
     def _quarantine_database(self, why: str) -> None:
         stamp = time.strftime("%Y%m%d-%H%M%S")
@@ -326,9 +319,10 @@ class TrajectoryCache:
         try:
             save_file(payload, str(tmp), metadata={"carnator_entry": json.dumps(meta_row)})
             tmp.replace(final)
-        except OSError as e:
+        except (OSError, SafetensorError) as e:  # safetensors wraps ENOSPC/EFBIG in its own type
             tmp.unlink(missing_ok=True)
-            self._report(f"trajectory not stored: {e.strerror or e} while writing {final.parent}"
+            why = getattr(e, "strerror", None) or e
+            self._report(f"trajectory not stored: {why} while writing {final.parent}"
                          " (disk full or read-only?); the result is unaffected")
             return None
         row["signature"] = payload["signature"].numpy().astype(np.float32).tobytes()

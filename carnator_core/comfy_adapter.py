@@ -60,13 +60,32 @@ def model_fingerprint(model) -> str:
             t = original.weight if original is not None else tensor
             parts.append((name, tensor_digest(t, max_values=64)))
         _base_digests[module] = digest(parts)
-    patches = []
+    patches = [_behaviour_patches(model)]
     for key in sorted(getattr(model, "patches", {})):
         for p in model.patches[key]:
             strength_patch, value, strength_model = p[0], p[1], p[2]
             patches.append((key, float(strength_patch), float(strength_model),
                             _digest_patch_value(value)))
     return digest(_base_digests[module], patches)[:32]
+
+
+def _behaviour_patches(model) -> list:
+    """Names of wrappers and object patches other packs put on the model (EasyCache, ...).
+
+    They change what the model computes without touching weights, so trajectories made with
+    and without them are not interchangeable. Only names are hashed: their settings live in
+    objects we cannot canonicalise, and a name change is what matters in practice.
+    """
+    names = []
+    for wrappers in (getattr(model, "wrappers", {}),
+                     model.model_options.get("transformer_options", {}).get("wrappers", {})):
+        names += [f"{kind}:{key}" for kind, keyed in wrappers.items() for key in keyed
+                  if key != WRAPPER_KEY]
+    names = sorted(set(names))
+    names += sorted(f"object:{k}" for k in getattr(model, "object_patches", {}))
+    names += sorted(k for k in ("model_function_wrapper", "sampler_cfg_function")
+                    if k in model.model_options)
+    return names
 
 
 def backbone_name(model) -> str:

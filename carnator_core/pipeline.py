@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import math
+import sqlite3
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -165,6 +166,21 @@ class Summary:
         return d
 
 
+def guarded(cache: TrajectoryCache | None, what: str, fn, *args, default=None):
+    """Run a cache operation; a database or disk failure becomes a report, not a crash.
+
+    The request in flight matters more than the cache: it finishes as a miss and the
+    message says what broke.
+    """
+    if cache is None:
+        return default
+    try:
+        return fn(*args)
+    except (sqlite3.Error, OSError, CacheError) as e:
+        cache._report(f"{what} failed ({e}); the request continues without it")
+        return default
+
+
 def open_cache(folder: str, capacity_bytes: int) -> tuple[TrajectoryCache | None, str | None]:
     """The cache, or None with a message a person can act on (the request still runs)."""
     try:
@@ -185,9 +201,9 @@ def probe(run, cache: TrajectoryCache | None, settings: ReuseSettings,
     result = ProbeResult(run, settings, klass, exact_key, cache, cache_message, p, record,
                          prompt=prompt)
     if cache is not None:
-        entry = cache.find_exact(exact_key)
+        entry = guarded(cache, "exact-repeat lookup", cache.find_exact, exact_key)
         if entry is not None:
-            tensors = cache.load_tensors(entry.id, ["final"])
+            tensors = guarded(cache, "reading the stored result", cache.load_tensors, entry.id, ["final"])
             if tensors is not None:
                 result.exact_entry, result.exact_latent = entry, tensors["final"]
                 result.seconds = time.perf_counter() - t0
@@ -205,7 +221,9 @@ def lookup(pr: ProbeResult, top_k: int | None = None) -> LookupResult:
     if pr.cache is None:
         return LookupResult([], pr.cache_message or "cache unavailable")
     sig = pr.signature
-    result = pr.cache.lookup(pr.klass.key, sig.global_vector(), top_k or pr.settings.top_k)
+    result = guarded(pr.cache, "cache lookup", pr.cache.lookup, pr.klass.key,
+                     sig.global_vector(), top_k or pr.settings.top_k,
+                     default=LookupResult([], "cache lookup failed"))
     result.reports.extend(pr.cache.reports)
     return result
 
@@ -220,8 +238,8 @@ def gate(pr: ProbeResult, found: LookupResult, risk_model: RiskModel,
     new_sig = pr.signature
     comparable = []
     for cand in found.candidates:
-        tensors = pr.cache.load_tensors(cand.entry.id, ["tile_steps", "xhat_tiles",
-                                                        "feature_steps", "feature_tiles"])
+        tensors = guarded(pr.cache, "reading a candidate", pr.cache.load_tensors, cand.entry.id,
+                          ["tile_steps", "xhat_tiles", "feature_steps", "feature_tiles"])
         if tensors is None:
             continue  # file lost or corrupt: already quarantined and reported by the cache
         old_sig = stored_signature(tensors, new_sig.step, new_sig.grid)
@@ -237,7 +255,8 @@ def gate(pr: ProbeResult, found: LookupResult, risk_model: RiskModel,
 def _start_from_candidate(pr: ProbeResult, plan: Plan) -> torch.Tensor | None:
     """Candidate's x_k outside M, the request's own re-noised x̂0 inside M."""
     k = plan.reuse_step
-    tensors = pr.cache.load_tensors(plan.entry_id, [f"snapshot.{k}"])
+    tensors = guarded(pr.cache, "reading the snapshot", pr.cache.load_tensors, plan.entry_id,
+                      [f"snapshot.{k}"])
     if tensors is None or f"snapshot.{k}" not in tensors:
         return None
     stored = tensors[f"snapshot.{k}"]
@@ -256,25 +275,21 @@ def reuse(pr: ProbeResult, plan: Plan) -> tuple[torch.Tensor, Summary]:
     """Finish the request: exact repeat, resume from the plan, or continue the probe."""
     t0 = time.perf_counter()
     run, n = pr.run, pr.run.steps
-    messages = list(pr.cache.reports) if pr.cache is not None else []
-    if pr.cache_message:
-        messages.append(pr.cache_message)
     if pr.exact_latent is not None:
-        pr.cache.record_use(pr.exact_entry.id, n)
+        guarded(pr.cache, "recording the hit", pr.cache.record_use, pr.exact_entry.id, n)
         s = Summary("exact", n, 0, 0, pr.seconds + time.perf_counter() - t0,
-                    entry_id=pr.exact_entry.id, reason="exact repeat of a stored request",
-                    messages=messages)
-        _log_request(pr, s)
+                    entry_id=pr.exact_entry.id, reason="exact repeat of a stored request")
+        _finish_summary(pr, s, [])
         return pr.exact_latent, s
 
-    start = None
+    notes, start = [], None
     if plan.accept:
         try:
             start = _start_from_candidate(pr, plan)
+            if start is None:
+                notes.append(f"entry {plan.entry_id[:8]} lost its snapshot; ran as a miss")
         except CacheError as e:
-            messages.append(str(e))
-        if start is None and not messages:
-            messages.append(f"entry {plan.entry_id[:8]} lost its snapshot; ran as a miss")
+            notes.append(str(e))
     record, calls = pr.record.fork(), run.model_calls
     if start is not None:
         final = run.sample(plan.reuse_step, n, start, record.on_step)
@@ -284,22 +299,32 @@ def reuse(pr: ProbeResult, plan: Plan) -> tuple[torch.Tensor, Summary]:
         outcome, computed = "miss", n
     seconds = pr.seconds + time.perf_counter() - t0
     s = Summary(outcome, n, computed, pr.probe_calls + run.model_calls - calls, seconds,
-                messages=messages, reason=plan.reason)
+                reason=plan.reason)
     if outcome == "hit":
         s.reuse_step, s.risk, s.entry_id = plan.reuse_step, plan.risk, plan.entry_id
         s.region_fraction = plan.region_fraction
         s.saved_seconds = seconds / computed * (n - computed)
-        pr.cache.record_use(plan.entry_id, n - computed)
+        guarded(pr.cache, "recording the hit", pr.cache.record_use, plan.entry_id, n - computed)
     s.stored_id = _store(pr, record, final, plan if outcome == "hit" else None)
-    _log_request(pr, s)
+    _finish_summary(pr, s, notes)
     return final, s
+
+
+def _finish_summary(pr: ProbeResult, s: Summary, notes: list[str]) -> None:
+    """Attach every problem met on the way (cache repairs included), log the request."""
+    reports = list(pr.cache.reports) if pr.cache is not None else []
+    s.messages = list(dict.fromkeys(
+        ([pr.cache_message] if pr.cache_message else []) + reports + notes))
+    guarded(pr.cache, "logging the request", getattr(pr.cache, "log_request", None), s.outcome,
+            s.entry_id, s.steps_computed, s.steps_total, s.seconds, pr.klass.key)
+    log.info("Carnator: %s", s.text().replace("\n", " | "))
 
 
 def _store(pr: ProbeResult, record: TrajectoryRecord, final: torch.Tensor,
            plan: Plan | None) -> str | None:
     if pr.cache is None or not pr.settings.store or pr.signature is None:
         return None
-    if pr.cache.find_exact(pr.exact_key) is not None:
+    if guarded(pr.cache, "exact-repeat lookup", pr.cache.find_exact, pr.exact_key) is not None:
         return None  # the same request was stored meanwhile (ComfyUI re-ran this node)
     run = pr.run
     row = {"class_key": pr.klass.key, "exact_key": pr.exact_key,
@@ -310,11 +335,5 @@ def _store(pr: ProbeResult, record: TrajectoryRecord, final: torch.Tensor,
            "snapshot_steps": str(sorted(record.snapshots)),
            "source_entry": plan.entry_id if plan else None,
            "class_json": str(pr.klass), "latent_format": run.latent_format}
-    return pr.cache.store(row, record.tensors(final), pr.signature.global_vector())
-
-
-def _log_request(pr: ProbeResult, s: Summary) -> None:
-    if pr.cache is not None:
-        pr.cache.log_request(s.outcome, s.entry_id, s.steps_computed, s.steps_total, s.seconds,
-                             pr.klass.key)
-    log.info("Carnator: %s", s.text().replace("\n", " | "))
+    return guarded(pr.cache, "storing the trajectory", pr.cache.store, row,
+                   record.tensors(final), pr.signature.global_vector())

@@ -1,0 +1,61 @@
+"""Carnator next to other model patches: ComfyUI's own EasyCache and a real LoRA load."""
+import logging
+
+import torch
+
+PROMPT = "a red ball rolls left across a green field"
+RELATED = "a red ball rolls left across a green field slowly"
+
+
+def _with_lora(model, rank=4, scale=0.05):
+    """Apply a small LoRA through ComfyUI's own loader path (what LoraLoaderModelOnly does)."""
+    import comfy.lora
+    import comfy.sd
+    key_map = comfy.lora.model_lora_keys_unet(model.model, {})
+    sd = model.model.state_dict()
+    g = torch.Generator().manual_seed(3)
+    lora = {}
+    for lora_key, model_key in key_map.items():
+        if not (isinstance(model_key, str) and lora_key.startswith("lora_unet_")
+                and model_key.endswith("self_attn.q.weight")):
+            continue
+        out_f, in_f = sd[model_key].shape
+        lora[f"{lora_key}.lora_up.weight"] = torch.randn(out_f, rank, generator=g) * scale
+        lora[f"{lora_key}.lora_down.weight"] = torch.randn(rank, in_f, generator=g) * scale
+    assert lora, "no LoRA-able attention weights found"
+    patched, _ = comfy.sd.load_lora_for_models(model, None, lora, 1.0, 0.0)
+    return patched
+
+
+def test_lora_patched_model_gets_another_fingerprint_and_no_reuse(tiny_models, requests_in):
+    from carnator_core.comfy_adapter import model_fingerprint
+    wan = tiny_models["wan21"]
+    lora = _with_lora(wan)
+    assert lora.patches, "the LoRA did not patch any weight"
+    assert model_fingerprint(lora) != model_fingerprint(wan)
+    assert model_fingerprint(wan.clone()) == model_fingerprint(wan)  # clones share identity
+
+    _, s1 = requests_in(wan, "wan21", PROMPT)
+    out, s2 = requests_in(lora, "wan21", PROMPT)  # same prompt and seed, LoRA on top
+    assert s1.outcome == "miss" and s2.outcome == "miss"
+    assert "none for this model" in s2.lookup_message
+    assert torch.isfinite(out).all()
+
+
+def test_pipeline_runs_with_comfyui_easycache_on_the_model(tiny_models, requests_in, caplog):
+    from comfy_extras.nodes_easycache import EasyCacheNode
+    from carnator_core.comfy_adapter import model_fingerprint
+    wan = tiny_models["wan21"]
+    eased = EasyCacheNode.execute(wan, 0.2, 0.15, 0.95, False).result[0]
+    # EasyCache changes what the model computes: its trajectories are their own class
+    assert model_fingerprint(eased) != model_fingerprint(wan)
+
+    with caplog.at_level(logging.INFO):
+        first, s1 = requests_in(eased, "wan21", PROMPT)
+        second, s2 = requests_in(eased, "wan21", RELATED)
+    assert s1.outcome == "miss"
+    assert s2.outcome == "hit", s2.text()
+    assert s2.model_calls < s2.steps_total
+    assert torch.isfinite(second).all() and second.shape == first.shape
+    # EasyCache's own OUTER_SAMPLE wrapper ran inside our segments (it logs a summary each time)
+    assert any("EasyCache - skipped" in r.getMessage() for r in caplog.records)
