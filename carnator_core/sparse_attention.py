@@ -34,6 +34,7 @@ __all__ = [
 ENV_VAR = "CARNATOR_SPARSE_BACKEND"
 BACKENDS = ("flex", "fallback")
 _FLEX_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+_FLEX_RECOMPILE_LIMIT = 64
 _GATHER_BUDGET = 1 << 24  # elements of gathered K (and V) per fallback chunk (64 MiB fp32)
 
 _lock = threading.Lock()
@@ -67,8 +68,14 @@ def _flex_block_mask(mask: torch.Tensor, block_size: int, lq: int, lk: int):
 def _flex_run(q, k, v, mask, block_size, scale):
     # contiguous inputs: the compiled kernel guards on strides, so views would recompile
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
-    bm = _flex_block_mask(mask.contiguous(), block_size, q.shape[-2], k.shape[-2])
-    return _get_compiled_flex()(q, k, v, block_mask=bm, scale=scale)
+    # full (B, H) block tables: broadcast dims would specialise the graph and recompile
+    mask = mask.expand(q.shape[0], q.shape[1], *mask.shape[-2:]).contiguous()
+    bm = _flex_block_mask(mask, block_size, q.shape[-2], k.shape[-2])
+    fn = _get_compiled_flex()
+    # Each (block size, dtype, grad/inference mode, size-1 batch or heads) variant compiles
+    # once; dynamo's default of 8 variants per function would then silently run eager flex.
+    with torch._dynamo.config.patch(recompile_limit=_FLEX_RECOMPILE_LIMIT):
+        return fn(q, k, v, block_mask=bm, scale=scale)
 
 
 # ------------------------------------------------------------------------- fallback backend
