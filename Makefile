@@ -1,0 +1,21 @@
+# Two commands a new machine needs: `make demo` (the main job) and `make test`.
+# Both provision first: a virtual environment with the pinned test dependencies and a real
+# ComfyUI host (scripts/provision.sh; a second run takes seconds).
+PY := .venv/bin/python
+
+.PHONY: setup demo test bench-smoke workflows tiny-models
+
+setup:
+	bash scripts/provision.sh
+
+demo: setup
+	$(PY) scripts/demo.py
+
+test: setup
+	$(PY) -m pytest -q tests
+
+workflows:
+	python3 scripts/make_workflows.py
+
+tiny-models: setup
+	$(PY) scripts/make_tiny_models.py
