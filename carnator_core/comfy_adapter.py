@@ -25,6 +25,7 @@ import comfy.samplers
 import comfy.utils
 
 from .keys import CompatibilityClass, digest, sigma_schedule_digest, tensor_digest
+from .sparse_reuse import AttentionPlan, SparseSettings
 
 log = logging.getLogger("carnator")
 
@@ -130,6 +131,9 @@ class StepRecorder:
     capture_steps: set[int] = field(default_factory=set)
     block_tokens: dict[int, torch.Tensor] = field(default_factory=dict)
     model_calls: int = 0
+    attention: AttentionPlan | None = None  # what self-attention does at each step
+    n_context: int = 0                       # text tokens of the current model call
+    attention_layer: int = 0                 # self-attention calls seen in this model call
 
     def step_of(self, sigma: torch.Tensor | None) -> int | None:
         if sigma is None:
@@ -161,10 +165,14 @@ def patched_for_recording(model, recorder: StepRecorder):
 
     def count_calls(executor, *args, **kwargs):
         recorder.model_calls += 1
+        recorder.attention_layer = 0
+        context = args[2] if len(args) > 2 else kwargs.get("context")
+        recorder.n_context = int(context.shape[1]) if isinstance(context, torch.Tensor) else 0
         return executor(*args, **kwargs)
 
     m.add_wrapper_with_key(comfy.patcher_extension.WrappersMP.DIFFUSION_MODEL, WRAPPER_KEY,
                            count_calls)
+    install_attention_override(m, recorder)
     blocks = _find_block_list(m.get_model_object("diffusion_model"))
     if blocks is None:
         log.info("Carnator: no known block list on %s; signature uses x̂0 only", backbone_name(m))
@@ -184,6 +192,49 @@ def patched_for_recording(model, recorder: StepRecorder):
 
     m.set_model_patch_replace(record_block, "dit", "double_block", index)
     return m
+
+
+def install_attention_override(m, recorder: StepRecorder) -> None:
+    """Route self-attention through the run's AttentionPlan; everything else, and every
+    dense call, goes to the override that was already there (SageAttention, ...) or to
+    ComfyUI's own attention function."""
+    opts = m.model_options.setdefault("transformer_options", {})
+    previous = opts.get("optimized_attention_override")
+
+    def override(func, *args, **kwargs):
+        def dense():
+            return previous(func, *args, **kwargs) if previous is not None else func(*args, **kwargs)
+
+        plan = recorder.attention
+        heads = args[3] if len(args) > 3 else kwargs.get("heads")  # Wan passes heads= by name
+        if plan is None or len(args) < 3 or heads is None or kwargs.get("mask") is not None:
+            return dense()
+        q, k, v = args[:3]
+        split = kwargs.get("skip_reshape", False)
+        q_len, k_len = (q.shape[2], k.shape[2]) if split else (q.shape[1], k.shape[1])
+        kind = plan.classify(q_len, k_len, recorder.n_context)
+        if kind is None:
+            return dense()
+        layer = recorder.attention_layer
+        recorder.attention_layer += 1
+        mode = plan.mode(recorder.step_of(kwargs.get("transformer_options", {}).get("sigmas")))
+        if mode == "dense":
+            return dense()
+        b = q.shape[0]
+        qh, kh, vh = (q, k, v) if split else (
+            t.view(b, -1, heads, t.shape[-1] // heads).transpose(1, 2) for t in (q, k, v))
+        if mode == "capture":
+            plan.capture(layer, qh, kh, kind[0])
+            return dense()
+        out = plan.run_sparse(layer, qh, kh, vh, *kind)
+        if out is None:
+            plan.dense_calls += 1
+            return dense()
+        if kwargs.get("skip_output_reshape", False):
+            return out
+        return out.transpose(1, 2).reshape(b, -1, heads * out.shape[-1])
+
+    opts["optimized_attention_override"] = override
 
 
 # ------------------------------------------------------------------ one request
@@ -224,6 +275,7 @@ class ComfyRun:
         self.noise = comfy.sample.prepare_noise(self.latent_image, self.noise_seed, self.batch_index)
         self.sigmas = schedule(model, scheduler, sampler_name, self.steps)
         self.recorder = StepRecorder(self.sigmas)
+        self.recorder.attention = AttentionPlan(SparseSettings(), tuple(self.latent_image.shape[-3:]))
         self.patched = patched_for_recording(model, self.recorder)
         self.progress = comfy.utils.ProgressBar(self.steps)
 
@@ -250,6 +302,10 @@ class ComfyRun:
     @property
     def latent_format(self) -> str:
         return type(self.model.get_model_object("latent_format")).__name__
+
+    @property
+    def attention(self) -> AttentionPlan:
+        return self.recorder.attention
 
     @property
     def model_calls(self) -> int:

@@ -20,6 +20,7 @@ import torch
 from .cache import CacheError, LookupResult, StoredEntry, TrajectoryCache
 from .gate import GateSettings, Plan, RiskModel, decide
 from .keys import CompatibilityClass, shape_str
+from .sparse_reuse import Connectivity, SparseSettings
 from .signature import (EarlySignature, pool_latent_tiles, pool_token_tiles, tile_grid_for,
                         tiles_to_latent_mask)
 
@@ -32,6 +33,7 @@ class ReuseSettings:
     snapshot_count: int = 6         # stored x_k snapshots per trajectory
     top_k: int = 3
     gate: GateSettings = field(default_factory=GateSettings)
+    sparse: SparseSettings = field(default_factory=SparseSettings)
     store: bool = True
 
     def probe_steps(self, steps: int) -> int:
@@ -139,6 +141,9 @@ class Summary:
     stored_id: str | None = None    # the new entry written for this request
     region_fraction: float | None = None
     saved_seconds: float | None = None
+    sparse_calls: int = 0             # self-attention calls that ran block-sparse
+    sparse_density: float | None = None
+    sparse_backend: str | None = None
     reason: str = ""
     messages: list[str] = field(default_factory=list)
 
@@ -152,6 +157,8 @@ class Summary:
         else:
             head = (f"MISS · computed {self.steps_computed}/{self.steps_total} steps"
                     + (" · stored" if self.stored_id else ""))
+        if self.sparse_calls:
+            head += f" · sparse attention {self.sparse_density:.0%} dense ({self.sparse_backend})"
         lines = [head + f" · {self.seconds:.2f} s"]
         if self.saved_seconds:
             lines.append(f"saved ≈ {self.saved_seconds:.2f} s")
@@ -209,6 +216,8 @@ def probe(run, cache: TrajectoryCache | None, settings: ReuseSettings,
                 result.seconds = time.perf_counter() - t0
                 return result
     calls = run.model_calls
+    run.attention.settings = settings.sparse
+    run.attention.capture_steps = set(range(p))  # connectivity is measured at the probe
     result.x_probe = run.sample(0, p, None, record.on_step, capture_steps=set(range(p)))
     result.probe_calls = run.model_calls - calls
     result.seconds = time.perf_counter() - t0
@@ -291,6 +300,9 @@ def reuse(pr: ProbeResult, plan: Plan) -> tuple[torch.Tensor, Summary]:
         except CacheError as e:
             notes.append(str(e))
     record, calls = pr.record.fork(), run.model_calls
+    own_connectivity = run.attention.measured()
+    resume_at = plan.reuse_step if start is not None else pr.probe_steps
+    _plan_attention(pr, plan if start is not None else None, own_connectivity, resume_at)
     if start is not None:
         final = run.sample(plan.reuse_step, n, start, record.on_step)
         outcome, computed = "hit", pr.probe_steps + (n - plan.reuse_step)
@@ -300,14 +312,47 @@ def reuse(pr: ProbeResult, plan: Plan) -> tuple[torch.Tensor, Summary]:
     seconds = pr.seconds + time.perf_counter() - t0
     s = Summary(outcome, n, computed, pr.probe_calls + run.model_calls - calls, seconds,
                 reason=plan.reason)
+    _report_attention(run.attention, s)
     if outcome == "hit":
         s.reuse_step, s.risk, s.entry_id = plan.reuse_step, plan.risk, plan.entry_id
         s.region_fraction = plan.region_fraction
         s.saved_seconds = seconds / computed * (n - computed)
         guarded(pr.cache, "recording the hit", pr.cache.record_use, plan.entry_id, n - computed)
-    s.stored_id = _store(pr, record, final, plan if outcome == "hit" else None)
+    s.stored_id = _store(pr, record, final, plan if outcome == "hit" else None, own_connectivity)
     _finish_summary(pr, s, notes)
     return final, s
+
+
+def _plan_attention(pr: ProbeResult, plan: Plan | None, own: Connectivity | None,
+                    start: int) -> None:
+    """Which connectivity drives steps start..N: the candidate's on a hit, optionally the
+    request's own probe measurement on a miss, none when sparse attention is off."""
+    att, sparse, n = pr.run.attention, pr.settings.sparse, pr.run.steps
+    att.capture_steps, att.sparse_steps, att.connectivity = set(), set(), None
+    att.scores, att.score_counts, att.fresh = {}, {}, False
+    if not sparse.enabled:
+        return
+    if plan is not None:
+        tensors = guarded(pr.cache, "reading the connectivity", pr.cache.load_tensors,
+                          plan.entry_id, ["connectivity", "connectivity_shape", "connectivity_block"])
+        att.connectivity = Connectivity.from_tensors(tensors or {})
+        att.region_tiles, att.tile_grid = plan.region_tiles, pr.record.grid
+    elif sparse.on_miss:
+        att.connectivity = own
+    if att.connectivity is None:
+        return
+    steps = set(range(start, n))
+    if sparse.refresh_every > 0:  # dense re-measurement every N steps, sparse in between
+        att.capture_steps = {s for s in steps if (s - start) % sparse.refresh_every == 0}
+    att.sparse_steps = steps - att.capture_steps
+
+
+def _report_attention(att, s: Summary) -> None:
+    from .sparse_attention import select_backend
+    if att.sparse_calls:
+        s.sparse_calls = att.sparse_calls
+        s.sparse_density = att.connectivity.density
+        s.sparse_backend = select_backend()
 
 
 def _finish_summary(pr: ProbeResult, s: Summary, notes: list[str]) -> None:
@@ -321,7 +366,7 @@ def _finish_summary(pr: ProbeResult, s: Summary, notes: list[str]) -> None:
 
 
 def _store(pr: ProbeResult, record: TrajectoryRecord, final: torch.Tensor,
-           plan: Plan | None) -> str | None:
+           plan: Plan | None, connectivity: Connectivity | None) -> str | None:
     if pr.cache is None or not pr.settings.store or pr.signature is None:
         return None
     if guarded(pr.cache, "exact-repeat lookup", pr.cache.find_exact, pr.exact_key) is not None:
@@ -335,5 +380,8 @@ def _store(pr: ProbeResult, record: TrajectoryRecord, final: torch.Tensor,
            "snapshot_steps": str(sorted(record.snapshots)),
            "source_entry": plan.entry_id if plan else None,
            "class_json": str(pr.klass), "latent_format": run.latent_format}
-    return guarded(pr.cache, "storing the trajectory", pr.cache.store, row,
-                   record.tensors(final), pr.signature.global_vector())
+    tensors = record.tensors(final)
+    if connectivity is not None:
+        tensors.update(connectivity.to_tensors())
+    return guarded(pr.cache, "storing the trajectory", pr.cache.store, row, tensors,
+                   pr.signature.global_vector())

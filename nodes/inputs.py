@@ -50,3 +50,18 @@ def gate_inputs() -> list:
         io.Float.Input("max_region", default=0.5, min=0.0, max=1.0, step=0.05, optional=True,
                        tooltip="Reject when more than this share of the video must be recomputed."),
     ]
+
+
+def sparse_inputs() -> list:
+    return [
+        io.Boolean.Input("sparse_attention", default=True, optional=True,
+                         tooltip="Run the remaining steps of a hit with block-sparse self-attention, using the attention connectivity stored with the matched entry."),
+        io.Float.Input("keep_mass", default=0.9, min=0.05, max=1.0, step=0.01, optional=True,
+                       tooltip="Share of the attention mass each query block keeps when this request's connectivity is stored. Lower is faster and less exact."),
+        io.Float.Input("min_density", default=0.1, min=0.0, max=1.0, step=0.01, optional=True,
+                       tooltip="Each query block keeps at least this share of key blocks."),
+        io.Int.Input("refresh_every", default=0, min=0, max=1000, optional=True,
+                     tooltip="0: reuse the stored connectivity for every remaining step. N>0: every N steps run dense and re-measure this request's own connectivity."),
+        io.Boolean.Input("sparse_on_miss", default=False, optional=True,
+                         tooltip="On a miss, run the remaining steps sparse with the probe's own connectivity."),
+    ]

@@ -1,6 +1,17 @@
 """Turn node input values into core settings objects."""
 from ..carnator_core.gate import GateSettings
 from ..carnator_core.pipeline import ReuseSettings
+from ..carnator_core.sparse_reuse import SparseSettings
+
+
+def sparse_settings(sparse_attention=None, keep_mass=None, min_density=None, refresh_every=None,
+                    sparse_on_miss=None) -> SparseSettings:
+    d = SparseSettings()
+    pick = lambda v, default: default if v is None else v  # noqa: E731 - optional inputs
+    return SparseSettings(enabled=pick(sparse_attention, d.enabled), keep_mass=pick(keep_mass, d.keep_mass),
+                          min_density=pick(min_density, d.min_density),
+                          refresh_every=pick(refresh_every, d.refresh_every),
+                          on_miss=pick(sparse_on_miss, d.on_miss))
 
 
 def reuse_settings(probe_fraction: float, snapshot_count: int | None = None, **gate) -> ReuseSettings:

@@ -43,6 +43,7 @@ PROBE_WIDGETS = ["probe_fraction"]
 PROBE_OPTIONAL = ["seed_policy", "snapshot_count", "label"]
 GATE_WIDGETS = ["risk_budget"]
 GATE_OPTIONAL = ["min_depth", "max_depth", "max_region"]
+SPARSE_OPTIONAL = ["sparse_attention", "keep_mass", "min_density", "refresh_every", "sparse_on_miss"]
 WIDGETS = {
     "UNETLoader": ["unet_name", "weight_dtype"],
     "CarnatorDemoTextEncode": ["text", "backbone"],
@@ -51,8 +52,9 @@ WIDGETS = {
     "CarnatorEarlyProbe": SAMPLING_WIDGETS + PROBE_WIDGETS + PROBE_OPTIONAL,
     "CarnatorCacheLookup": ["top_k"],
     "CarnatorCompatibilityGate": GATE_WIDGETS + GATE_OPTIONAL,
-    "CarnatorReuseSampler": [],
-    "CarnatorSampler": SAMPLING_WIDGETS + PROBE_WIDGETS + GATE_WIDGETS + PROBE_OPTIONAL + GATE_OPTIONAL,
+    "CarnatorReuseSampler": SPARSE_OPTIONAL,
+    "CarnatorSampler": (SAMPLING_WIDGETS + PROBE_WIDGETS + GATE_WIDGETS + PROBE_OPTIONAL
+                        + GATE_OPTIONAL + SPARSE_OPTIONAL),
     "SaveLatent": ["filename_prefix"],
 }
 
@@ -71,14 +73,16 @@ def graph(backbone: str, single_node: bool) -> dict[str, dict]:
                 "sampler_name": "euler", "scheduler": "simple", "probe_fraction": 0.1,
                 "seed_policy": "same_seed", "snapshot_count": 6, "label": PROMPT}
     gate = {"risk_budget": RISK_BUDGET, "min_depth": 0.2, "max_depth": 0.7, "max_region": 0.5}
+    sparse = {"sparse_attention": True, "keep_mass": 0.9, "min_density": 0.1, "refresh_every": 0,
+              "sparse_on_miss": False}
     if single_node:
-        g["5"] = ("CarnatorSampler", {**sampling, **gate})
+        g["5"] = ("CarnatorSampler", {**sampling, **gate, **sparse})
         final = "5"
     else:
         g["5"] = ("CarnatorEarlyProbe", sampling)
         g["6"] = ("CarnatorCacheLookup", {"probe": ["5", 0], "top_k": 3})
         g["7"] = ("CarnatorCompatibilityGate", {"candidates": ["6", 0], **gate})
-        g["8"] = ("CarnatorReuseSampler", {"plan": ["7", 0]})
+        g["8"] = ("CarnatorReuseSampler", {"plan": ["7", 0], **sparse})
         final = "8"
     g["9"] = ("SaveLatent", {"samples": [final, 0], "filename_prefix": f"carnator/{backbone}"})
     return {k: {"class_type": t, "inputs": i, "_meta": {"title": t}} for k, (t, i) in g.items()}

@@ -1,0 +1,1 @@
+"""Helpers for the browser test: Debian's Chromium driven by Playwright, no browser download."""

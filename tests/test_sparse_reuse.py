@@ -1,0 +1,92 @@
+"""Attention connectivity reused across requests, on each backbone through ComfyUI's loader.
+
+The probe measures block connectivity through ``optimized_attention_override``; a hit runs
+its remaining steps block-sparse with the candidate's stored mask. Counted, not timed.
+"""
+import pytest
+import torch
+from conftest import BACKBONES, Requests
+
+from carnator_core.sparse_attention import reset_sparse_call_counts, sparse_call_counts
+
+PROMPT = "a red ball rolls left across a green field"
+RELATED = "a red ball rolls left across a green field slowly"
+
+
+def sparse_hit(model, backbone, folder, **sparse):
+    """Store the first request, then run the related one as a hit (not stored).
+
+    The stored mask is binarised with the storing request's kept mass and minimum density,
+    so each setting gets its own cache folder.
+    """
+    requests = Requests(folder)
+    for name, value in sparse.items():
+        setattr(requests.settings.sparse, name, value)
+    _, first = requests(model, backbone, PROMPT)
+    assert first.outcome == "miss"
+    requests.settings.store = False
+    latent, summary = requests(model, backbone, RELATED)
+    assert summary.outcome == "hit", summary.text()
+    return latent, summary
+
+
+@pytest.mark.parametrize("backbone", BACKBONES)
+def test_hit_runs_block_sparse_with_the_stored_connectivity(backbone, tiny_models, tmp_path):
+    reset_sparse_call_counts()
+    _, s = sparse_hit(tiny_models[backbone], backbone, tmp_path, keep_mass=0.5, min_density=0.1)
+    remaining = s.steps_total - s.reuse_step
+    assert s.sparse_calls > 0 and s.sparse_calls % remaining == 0  # every layer, every step
+    assert sum(sparse_call_counts().values()) == s.sparse_calls     # the kernel itself ran
+    assert s.sparse_density < 1.0
+
+
+@pytest.mark.parametrize("backbone", BACKBONES)
+def test_full_density_equals_dense_and_error_grows_as_density_falls(backbone, tiny_models, tmp_path):
+    model = tiny_models[backbone]
+    dense, s0 = sparse_hit(model, backbone, tmp_path / "off", enabled=False)
+    assert s0.sparse_calls == 0
+    full, s1 = sparse_hit(model, backbone, tmp_path / "full", keep_mass=1.0, min_density=1.0)
+    assert s1.sparse_calls > 0 and s1.sparse_density == 1.0
+    torch.testing.assert_close(full, dense, rtol=1e-3, atol=1e-3)
+
+    errors, densities = [], []
+    for keep in (0.95, 0.7, 0.4, 0.1):
+        out, s = sparse_hit(model, backbone, tmp_path / str(keep), keep_mass=keep, min_density=0.01)
+        errors.append(float((out - dense).norm() / dense.norm()))
+        densities.append(s.sparse_density)
+    assert densities == sorted(densities, reverse=True) and densities[-1] < densities[0]
+    # smooth: never a jump down by more than noise as density falls, and it does grow overall
+    assert all(b >= a - 0.02 for a, b in zip(errors, errors[1:])), errors
+    assert errors[-1] > errors[0] or densities[-1] == densities[0], (errors, densities)
+    assert errors[-1] < 1.0  # degrades, does not explode
+
+
+def test_sparse_attention_chains_to_an_existing_attention_override(tiny_models, tmp_path):
+    """A user's override (SageAttention, say) keeps running for everything we leave dense."""
+    wan = tiny_models["wan21"].clone()
+    seen = {"calls": 0}
+
+    def users_override(func, *args, **kwargs):
+        seen["calls"] += 1
+        return func(*args, **kwargs)
+
+    wan.model_options.setdefault("transformer_options", {})["optimized_attention_override"] = users_override
+    requests = Requests(tmp_path)
+    requests.settings.sparse.keep_mass = 0.5
+    requests(wan, "wan21", PROMPT)
+    seen["calls"] = 0
+    _, s = requests(wan, "wan21", RELATED)
+    assert s.outcome == "hit" and s.sparse_calls > 0
+    # every cross-attention call of the hit (one per layer and step) and the probe's
+    # self-attention calls went through the user's override; the sparse ones did not
+    remaining = s.steps_total - s.reuse_step
+    layers = s.sparse_calls // remaining
+    assert seen["calls"] == layers * (2 * s.steps_computed) - s.sparse_calls, (seen, s.sparse_calls)
+
+
+def test_miss_can_run_sparse_with_its_own_probe_connectivity(tiny_models, requests_in):
+    requests_in.settings.sparse.on_miss = True
+    requests_in.settings.sparse.keep_mass = 0.5
+    _, s = requests_in(tiny_models["ltxv"], "ltxv", PROMPT)
+    assert s.outcome == "miss"
+    assert s.sparse_calls > 0

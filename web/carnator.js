@@ -1,0 +1,288 @@
+// Carnator's front end: what a request did, shown on the node, and the cache sidebar tab.
+//
+// On the node (Carnator Reuse Sampler, Carnator Sampler) after a run:
+//   HIT k*=8/12 · saved 12.4 s · risk 7.6%     |   MISS · stored   |   EXACT
+// with the matched (or newly stored) entry's preview picture under it. While a request runs,
+// each Carnator node shows the phase it is in (probe, lookup, gate, reuse) as a badge in its
+// title bar, and the sampler node that will report the result says where the request is.
+//
+// The status lives in a DOM widget, so it is drawn with the node and readable from the page
+// (data-carnator-node / data-carnator-outcome / data-carnator-phase attributes); the title-bar
+// badge is drawn on the canvas and stays visible when the graph is zoomed out.
+import { app } from "../../scripts/app.js";
+import { api } from "../../scripts/api.js";
+import { registerCacheTab } from "./cache_tab.js";
+
+const STATUS_NODES = new Set(["CarnatorReuseSampler", "CarnatorSampler"]);
+const STATUS_WIDGET = "carnator_status";
+const PHASE_TEXT = {
+  probe: "probe · computing the first steps",
+  lookup: "lookup · searching the cache",
+  gate: "gate · checking compatibility",
+  reuse: "reuse · resuming from the stored trajectory",
+  sample: "sample · computing the remaining steps",
+};
+const OUTCOME_COLOR = { hit: "#2e9e5b", miss: "#b7791f", exact: "#3a7bd5", running: "#6b7280", stopped: "#b83232" };
+
+function loadStylesheet() {
+  const href = new URL("./carnator.css", import.meta.url).href;
+  if (document.querySelector(`link[href="${href}"]`)) return;
+  const link = document.createElement("link");
+  link.rel = "stylesheet";
+  link.href = href;
+  document.head.appendChild(link);
+}
+
+// ------------------------------------------------------------------ formatting
+export function formatSeconds(s) {
+  if (s == null || !Number.isFinite(s)) return "?";
+  return s >= 100 ? `${Math.round(s)} s` : `${s.toFixed(1)} s`;
+}
+
+function percent(x) {
+  return x == null || !Number.isFinite(x) ? "?" : `${(x * 100).toFixed(1)}%`;
+}
+
+/** The one-line status for a result summary (see carnator_core.pipeline.Summary). */
+export function headline(summary) {
+  switch (summary.outcome) {
+    case "hit":
+      return `HIT k*=${summary.reuse_step}/${summary.steps_total} · saved ${formatSeconds(summary.saved_seconds)} · risk ${percent(summary.risk)}`;
+    case "exact":
+      return "EXACT · repeat of a stored request";
+    case "miss":
+      return summary.stored_id ? "MISS · stored" : "MISS · not stored";
+    default:
+      return String(summary.outcome ?? "?").toUpperCase();
+  }
+}
+
+function detailLine(summary) {
+  const parts = [`computed ${summary.steps_computed}/${summary.steps_total} steps`, formatSeconds(summary.seconds)];
+  if (summary.outcome === "hit" && summary.region_fraction != null) {
+    parts.push(`${Math.round(summary.region_fraction * 100)}% region recomputed`);
+  }
+  return parts.join(" · ");
+}
+
+function shortId(id) {
+  return id ? String(id).slice(0, 8) : "";
+}
+
+export function previewUrl(entryId) {
+  return api.apiURL(`/carnator/entries/${encodeURIComponent(entryId)}/preview.png`);
+}
+
+// ------------------------------------------------------------------ graph helpers
+function nodeById(id) {
+  if (id == null) return null;
+  const graph = app.graph;
+  return graph?.getNodeById(id) ?? graph?.getNodeById(Number(id)) ?? null;
+}
+
+function linkById(graph, linkId) {
+  const links = graph.links;
+  if (!links) return null;
+  return typeof links.get === "function" ? links.get(linkId) : links[linkId];
+}
+
+/** The status nodes a phase message concerns: the node itself or those it feeds. */
+function statusNodesFrom(node) {
+  const found = [];
+  const seen = new Set();
+  const queue = [node];
+  while (queue.length && seen.size < 64) {
+    const n = queue.shift();
+    if (!n || seen.has(n.id)) continue;
+    seen.add(n.id);
+    if (STATUS_NODES.has(n.comfyClass ?? n.type)) found.push(n);
+    for (const output of n.outputs ?? []) {
+      for (const linkId of output.links ?? []) {
+        const link = linkById(n.graph ?? app.graph, linkId);
+        if (link) queue.push(nodeById(link.target_id));
+      }
+    }
+  }
+  return found;
+}
+
+function redraw() {
+  app.graph?.setDirtyCanvas(true, true);
+}
+
+// ------------------------------------------------------------------ the status widget
+function statusWidget(node) {
+  let widget = node.widgets?.find((w) => w.name === STATUS_WIDGET);
+  if (widget) return widget;
+  const root = document.createElement("div");
+  root.className = "carnator-status";
+  root.dataset.carnatorNode = String(node.id);
+  const head = document.createElement("div");
+  head.className = "carnator-status-head";
+  const detail = document.createElement("div");
+  detail.className = "carnator-status-detail";
+  const figure = document.createElement("figure");
+  figure.className = "carnator-status-preview";
+  figure.hidden = true;
+  const img = document.createElement("img");
+  img.alt = "";
+  const caption = document.createElement("figcaption");
+  figure.append(img, caption);
+  root.append(head, detail, figure);
+
+  widget = node.addDOMWidget(STATUS_WIDGET, "carnator-status", root, {
+    serialize: false, // never part of the saved workflow or of the prompt sent to the server
+    hideOnZoom: false,
+    getValue: () => root.dataset.carnatorText ?? "",
+    setValue: () => {},
+    getMinHeight: () => (figure.hidden ? 64 : 170),
+    getMaxHeight: () => (figure.hidden ? 90 : 240),
+  });
+  widget.serialize = false;
+  widget.carnator = { root, head, detail, figure, img, caption };
+  // grow downwards only: a wider node would overlap its neighbours in a laid-out workflow
+  node.setSize([Math.max(node.size[0], 240), Math.max(node.size[1], node.computeSize()[1])]);
+  return widget;
+}
+
+function showStatus(node, { outcome, text, detail = "", previewId = null, caption = "", phase = "" }) {
+  const w = statusWidget(node).carnator;
+  w.root.dataset.carnatorOutcome = outcome;
+  w.root.dataset.carnatorPhase = phase;
+  w.root.dataset.carnatorText = text;
+  w.root.style.setProperty("--carnator-accent", OUTCOME_COLOR[outcome] ?? OUTCOME_COLOR.running);
+  w.head.textContent = text;
+  w.detail.textContent = detail;
+  w.detail.title = detail;
+  const hadPreview = !w.figure.hidden;
+  if (previewId) {
+    w.img.src = previewUrl(previewId);
+    w.img.alt = caption;
+    w.img.dataset.entryId = previewId;
+    w.caption.textContent = caption;
+    w.figure.hidden = false;
+  } else if (outcome !== "running") {
+    w.figure.hidden = true;
+    w.img.removeAttribute("src");
+  }
+  node.carnatorBadge = { text: outcome === "running" ? phase : outcome.toUpperCase(), outcome };
+  if (hadPreview !== !w.figure.hidden) {
+    node.setSize([node.size[0], Math.max(node.size[1], node.computeSize()[1])]);
+  }
+  redraw();
+}
+
+function showResult(node, summary) {
+  const matched = summary.outcome === "miss" ? null : summary.entry_id;
+  const previewId = matched ?? summary.stored_id ?? null;
+  const caption = matched
+    ? `reused entry ${shortId(matched)}`
+    : previewId ? `stored as entry ${shortId(previewId)}` : "";
+  const extra = [detailLine(summary), summary.reason, ...(summary.messages ?? [])].filter(Boolean);
+  showStatus(node, {
+    outcome: summary.outcome,
+    text: headline(summary),
+    detail: extra.join(" · "),
+    previewId,
+    caption,
+  });
+  node.carnatorResult = summary;
+  node.carnatorPhase = null;
+}
+
+let phaseNode = null; // the pipeline node whose title shows the current phase
+
+function showPhase(node, phase) {
+  if (phaseNode && phaseNode !== node && phaseNode.carnatorBadge?.outcome === "running") {
+    phaseNode.carnatorBadge = null;
+  }
+  phaseNode = node;
+  node.carnatorPhase = phase;
+  if (!STATUS_NODES.has(node.comfyClass ?? node.type)) {
+    node.carnatorBadge = { text: phase, outcome: "running" };
+  }
+  for (const target of statusNodesFrom(node)) {
+    target.carnatorPhase = phase;
+    showStatus(target, { outcome: "running", text: `running · ${PHASE_TEXT[phase] ?? phase}`, phase });
+  }
+  redraw();
+}
+
+function clearPhases(stopped) {
+  phaseNode = null;
+  for (const node of app.graph?.nodes ?? []) {
+    if (!node.carnatorPhase && node.carnatorBadge?.outcome !== "running") continue;
+    node.carnatorPhase = null;
+    if (STATUS_NODES.has(node.comfyClass ?? node.type) && node.carnatorBadge?.outcome === "running") {
+      showStatus(node, { outcome: stopped ? "stopped" : "running", text: stopped ? "stopped before a result" : "finished", phase: "" });
+    } else if (node.carnatorBadge?.outcome === "running") {
+      node.carnatorBadge = null;
+    }
+  }
+  redraw();
+}
+
+// ------------------------------------------------------------------ canvas badge
+function drawBadge(node, ctx) {
+  const badge = node.carnatorBadge;
+  if (!badge || node.flags?.collapsed) return;
+  const titleHeight = globalThis.LiteGraph?.NODE_TITLE_HEIGHT ?? 30;
+  ctx.save();
+  ctx.font = "bold 11px sans-serif";
+  const text = badge.text;
+  const padX = 6;
+  const w = ctx.measureText(text).width + padX * 2;
+  const h = 16;
+  const x = node.size[0] - w - 8;
+  const y = -titleHeight + (titleHeight - h) / 2;
+  ctx.fillStyle = OUTCOME_COLOR[badge.outcome] ?? OUTCOME_COLOR.running;
+  ctx.beginPath();
+  if (ctx.roundRect) ctx.roundRect(x, y, w, h, 4);
+  else ctx.rect(x, y, w, h);
+  ctx.fill();
+  ctx.fillStyle = "#fff";
+  ctx.textAlign = "left";
+  ctx.textBaseline = "middle";
+  ctx.fillText(text, x + padX, y + h / 2 + 0.5);
+  ctx.restore();
+}
+
+// ------------------------------------------------------------------ registration
+app.registerExtension({
+  name: "carnator.frontend",
+
+  async setup() {
+    loadStylesheet();
+    api.addEventListener("carnator.phase", ({ detail }) => {
+      const node = nodeById(detail?.node);
+      if (node && detail.phase) showPhase(node, String(detail.phase));
+    });
+    api.addEventListener("carnator.result", ({ detail }) => {
+      const node = nodeById(detail?.node);
+      if (node && STATUS_NODES.has(node.comfyClass ?? node.type)) showResult(node, detail);
+    });
+    api.addEventListener("execution_start", () => clearPhases(false));
+    api.addEventListener("execution_success", () => clearPhases(false));
+    api.addEventListener("execution_error", () => clearPhases(true));
+    api.addEventListener("execution_interrupted", () => clearPhases(true));
+    registerCacheTab(app, api);
+  },
+
+  async beforeRegisterNodeDef(nodeType, nodeData) {
+    if (!String(nodeData?.name ?? "").startsWith("Carnator")) return;
+    const onDrawForeground = nodeType.prototype.onDrawForeground;
+    nodeType.prototype.onDrawForeground = function (ctx, ...rest) {
+      const r = onDrawForeground?.call(this, ctx, ...rest);
+      drawBadge(this, ctx);
+      return r;
+    };
+    if (!STATUS_NODES.has(nodeData.name)) return;
+    const onExecuted = nodeType.prototype.onExecuted;
+    nodeType.prototype.onExecuted = function (message, ...rest) {
+      const r = onExecuted?.call(this, message, ...rest);
+      const summary = message?.carnator?.[0];
+      if (summary) showResult(this, summary);
+      return r;
+    };
+  },
+});
