@@ -410,3 +410,23 @@ def latent_rgb_factors(latent_format: str) -> tuple[torch.Tensor, torch.Tensor |
     bias = getattr(fmt, "latent_rgb_factors_bias", None)
     return torch.tensor(factors, dtype=torch.float32), (
         torch.tensor(bias, dtype=torch.float32) if bias is not None else None)
+
+
+def run_request(model, positive, negative, latent: dict, seed: int, steps: int, cfg: float,
+                sampler_name: str, scheduler: str, settings, cache_config: dict | None = None,
+                seed_policy: str = "same_seed", label: str = ""):
+    """The whole flow in one call (what CarnatorSampler does): for scripts and benchmarks.
+
+    Returns (latent samples, Summary); the Summary also carries ``lookup_message``.
+    """
+    from . import pipeline
+    from .gate import risk_model_for
+    pr = start_request(model, positive, negative, latent, seed, steps, cfg, sampler_name,
+                       scheduler, settings, cache_config, seed_policy, label)
+    found = pipeline.lookup(pr)
+    plan = pipeline.Plan(False, reason=pr.cache_message or "cache unavailable")
+    if pr.cache is not None:
+        plan, _ = pipeline.gate(pr, found, risk_model_for(pr.cache.folder, pr.klass.model_fingerprint))
+    samples, summary = pipeline.reuse(pr, plan)
+    summary.lookup_message = found.message
+    return samples, summary

@@ -1,0 +1,147 @@
+"""Sparse-attention reuse at real size: a Wan-2.1-1.3B-shaped model with random weights.
+
+Through ComfyUI's own WanModel and loader (dim 1536, 30 layers, 12 heads) at a 480p ×
+81-frame latent (1×16×21×60×104, 32,760 tokens), measured side by side in one process:
+
+- one denoising step dense vs block-sparse (the candidate's stored connectivity),
+- a whole miss vs a whole hit end to end (probe, lookup, gate, reuse; sparse on and off).
+
+    python bench/wan_sparse_gpu.py            # on a GPU machine
+    python bench/wan_sparse_gpu.py --small    # the same code at a tiny size, on the CPU
+
+Writes bench/results/wan_sparse_gpu.json (or --out). Random weights: timing only.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(1, str(ROOT))
+
+REAL = dict(dim=1536, ffn_dim=8960, num_heads=12, num_layers=30, latent=(1, 16, 21, 60, 104),
+            steps=30, text_tokens=512)
+SMALL = dict(dim=256, ffn_dim=512, num_heads=2, num_layers=2, latent=(1, 16, 3, 16, 16),
+             steps=8, text_tokens=32)
+PROMPT = "a red ball rolls left across a green field"
+RELATED = PROMPT + " slowly"
+
+
+def build_model(cfg: dict, device):
+    """Random Wan 2.1 T2V weights, detected and loaded by ComfyUI like a real file."""
+    import torch
+    import comfy.ops
+    import comfy.sd
+    from comfy.ldm.wan.model import WanModel
+    with torch.device("meta"):
+        meta = WanModel(model_type="t2v", patch_size=(1, 2, 2), in_dim=16, out_dim=16,
+                        dim=cfg["dim"], ffn_dim=cfg["ffn_dim"], freq_dim=256, text_dim=4096,
+                        num_heads=cfg["num_heads"], num_layers=cfg["num_layers"],
+                        window_size=(-1, -1), qk_norm=True, cross_attn_norm=True, eps=1e-6,
+                        operations=comfy.ops.disable_weight_init)
+    g = torch.Generator(device="cpu").manual_seed(0)
+    sd = {}
+    for name, t in meta.state_dict().items():
+        if t.ndim >= 2:
+            w = torch.randn(t.shape, generator=g) / math.sqrt(math.prod(t.shape[1:]))
+        else:
+            w = torch.ones(t.shape) if "norm" in name else torch.randn(t.shape, generator=g) * 0.02
+        sd[name] = w.to(torch.bfloat16)
+    return comfy.sd.load_diffusion_model_state_dict(sd)
+
+
+def timed(fn, sync) -> float:
+    sync()
+    t0 = time.perf_counter()
+    fn()
+    sync()
+    return time.perf_counter() - t0
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--small", action="store_true", help="tiny size on the CPU (a smoke run)")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--keep-mass", type=float, default=0.5)
+    ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "wan_sparse_gpu.json"))
+    args = ap.parse_args()
+    cfg = SMALL if args.small else REAL
+    if not args.small:
+        os.environ.setdefault("CARNATOR_COMFY_GPU", "1")
+    from comfy_host import import_comfy
+    import_comfy()
+    import torch
+    import comfy.model_management as mm
+    from request_flow import Requests  # the same request flow the tests drive
+    from carnator_core.sparse_attention import backend_report
+
+    device = mm.get_torch_device()
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    model = build_model(cfg, device)
+    requests = Requests(tempfile.mkdtemp(prefix="carnator-bench-"), steps=cfg["steps"],
+                        text_tokens=cfg["text_tokens"])
+    requests.settings.sparse.keep_mass = args.keep_mass
+    rows = {}
+    # whole miss (stores the trajectory and its probe connectivity)
+    t_miss = timed(lambda: rows.setdefault("miss", requests(model, "wan21", PROMPT, shape=cfg["latent"])), sync)
+    requests.settings.store = False
+    requests(model, "wan21", RELATED, shape=cfg["latent"])  # warm-up: compiles the sparse kernel
+    hits = {}
+    for sparse_on in (False, True, False, True):  # interleaved: drift hits both equally
+        requests.settings.sparse.enabled = sparse_on
+        t = timed(lambda: hits.setdefault(sparse_on, []).append(
+            requests(model, "wan21", RELATED, shape=cfg["latent"])), sync)
+        hits[sparse_on][-1] = (t, hits[sparse_on][-1][1])
+    # one step dense vs sparse, from the same state, with the stored connectivity
+    summary = hits[True][-1][1]
+    assert summary.outcome == "hit", summary.text()
+    run = requests.run_obj(model, "wan21", RELATED, shape=cfg["latent"])
+    from carnator_core.pipeline import TrajectoryRecord
+    k = summary.reuse_step
+    record = TrajectoryRecord(run, [k])
+    run.sample(0, k + 1, None, record.on_step)
+    start = run.boundary_from_sampler_space(record.snapshots[k], k)
+    from carnator_core.sparse_reuse import Connectivity
+    from carnator_core.cache import TrajectoryCache
+    cache = TrajectoryCache(requests.cache_folder)
+    conn = Connectivity.from_tensors(cache.load_tensors(summary.entry_id, [
+        "connectivity", "connectivity_shape", "connectivity_block"]))
+    step_times = {"dense": [], "sparse": []}
+    for _ in range(args.repeats):
+        for mode in ("dense", "sparse"):
+            run.attention.connectivity = conn if mode == "sparse" else None
+            run.attention.sparse_steps = {k} if mode == "sparse" else set()
+            step_times[mode].append(timed(lambda: run.sample(k, k + 1, start), sync))
+    dense_step, sparse_step = (statistics.median(step_times[m]) for m in ("dense", "sparse"))
+    hit_dense = statistics.median(t for t, _ in hits[False])
+    hit_sparse = statistics.median(t for t, _ in hits[True])
+    result = {
+        "config": {k: v for k, v in cfg.items()}, "device": str(device),
+        "tokens": math.prod(cfg["latent"][2:]) // 4, "connectivity_density": conn.density,
+        "keep_mass": args.keep_mass, "reuse_step": k, "steps": cfg["steps"],
+        "step_seconds": {"dense": dense_step, "sparse": sparse_step},
+        "step_ratio": dense_step / sparse_step,
+        "miss_seconds": t_miss, "hit_seconds": {"dense": hit_dense, "sparse": hit_sparse},
+        "hit_speedup": {"dense": t_miss / hit_dense, "sparse": t_miss / hit_sparse},
+        "sparse_calls_per_hit": summary.sparse_calls, "backend": backend_report(),
+    }
+    print(f"device {device}  tokens {result['tokens']}  density {conn.density:.0%}  k*={k}/{cfg['steps']}")
+    print(f"one step   dense {dense_step:.3f}s  sparse {sparse_step:.3f}s  ratio {result['step_ratio']:.2f}x")
+    print(f"whole miss {t_miss:.2f}s  hit dense {hit_dense:.2f}s ({result['hit_speedup']['dense']:.2f}x)"
+          f"  hit sparse {hit_sparse:.2f}s ({result['hit_speedup']['sparse']:.2f}x)")
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(result, indent=2, default=str))
+    print("wrote", args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
