@@ -420,13 +420,9 @@ def run_request(model, positive, negative, latent: dict, seed: int, steps: int, 
     Returns (latent samples, Summary); the Summary also carries ``lookup_message``.
     """
     from . import pipeline
-    from .gate import risk_model_for
     pr = start_request(model, positive, negative, latent, seed, steps, cfg, sampler_name,
                        scheduler, settings, cache_config, seed_policy, label)
-    found = pipeline.lookup(pr)
-    plan = pipeline.Plan(False, reason=pr.cache_message or "cache unavailable")
-    if pr.cache is not None:
-        plan, _ = pipeline.gate(pr, found, risk_model_for(pr.cache.folder, pr.klass.model_fingerprint))
+    plan, found = pipeline.lookup_and_gate(pr)
     samples, summary = pipeline.reuse(pr, plan)
     summary.lookup_message = found.message
     return samples, summary

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from .cache import CacheError, LookupResult, StoredEntry, TrajectoryCache
-from .gate import GateSettings, Plan, RiskModel, decide
+from .gate import GateSettings, Plan, RiskModel, decide, risk_model_for
 from .keys import CompatibilityClass, shape_str
 from .sparse_reuse import Connectivity, SparseSettings
 from .signature import (EarlySignature, pool_latent_tiles, pool_token_tiles, tile_grid_for,
@@ -259,6 +259,15 @@ def gate(pr: ProbeResult, found: LookupResult, risk_model: RiskModel,
     if not comparable:
         return Plan(False, reason="no candidate has evidence at this probe step"), []
     return decide(new_sig, comparable, pr.run.steps, pr.probe_steps, risk_model, settings)
+
+
+def lookup_and_gate(pr: ProbeResult) -> tuple[Plan, LookupResult]:
+    """Lookup, then the gate with this model's calibrated risk model (or the prior)."""
+    found = lookup(pr)
+    if pr.cache is None:
+        return Plan(False, reason=pr.cache_message or "cache unavailable"), found
+    model = risk_model_for(pr.cache.folder, pr.klass.model_fingerprint)
+    return gate(pr, found, model)[0], found
 
 
 def _start_from_candidate(pr: ProbeResult, plan: Plan) -> torch.Tensor | None:

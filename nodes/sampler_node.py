@@ -5,7 +5,6 @@ from comfy_api.latest import io
 
 from ..carnator_core import pipeline
 from ..carnator_core.comfy_adapter import notify, start_request
-from ..carnator_core.gate import risk_model_for
 from .inputs import gate_inputs, probe_inputs, sampling_inputs, sparse_inputs
 from .pipeline_nodes import finish
 from .settings import reuse_settings, sparse_settings
@@ -37,8 +36,5 @@ class CarnatorSampler(io.ComfyNode):
         pr = start_request(model, positive, negative, latent_image, seed, steps, cfg,
                            sampler_name, scheduler, settings, cache, seed_policy, label, node_id)
         notify("phase", {"phase": "lookup"}, node_id)
-        found = pipeline.lookup(pr)
-        plan = pipeline.Plan(False, reason=pr.cache_message or "cache unavailable")
-        if pr.cache is not None:
-            plan, _ = pipeline.gate(pr, found, risk_model_for(pr.cache.folder, pr.klass.model_fingerprint))
+        plan, _ = pipeline.lookup_and_gate(pr)
         return finish(pr, plan, node_id)
