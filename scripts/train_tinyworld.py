@@ -1,0 +1,403 @@
+#!/usr/bin/env python
+"""Train (and evaluate) the tiny-world Wan 2.1-layout text-to-video DiT.
+
+    python scripts/train_tinyworld.py --minutes 90            # train (resumes with --resume)
+    python scripts/train_tinyworld.py --export                # write the ComfyUI checkpoint
+    python scripts/train_tinyworld.py --eval 64               # checker accuracy via ComfyUI
+
+The model is ComfyUI's own ``comfy.ldm.wan.model.WanModel(model_type="t2v")``, trained with
+rectified-flow matching exactly as ComfyUI's WAN21 samples it (ModelType.FLOW, CONST:
+x_t = (1 - s) x0 + s noise, output = noise - x0, timestep = 1000 s; WAN21's sampling shift
+8.0). Caption dropout (to the empty caption's encoding) makes classifier-free guidance work.
+Timesteps: a mixture of the shift-8 schedule the sampler uses (u ~ U(0,1), s = 8u/(1+7u))
+and uniform s, so both the early layout steps and the late detail steps are trained.
+
+Conditioning is tinyworld.text (all-MiniLM-L6-v2 states -> 4096) plus the fixed coordinate
+frames passed as ``concat_latent_image`` into 16 extra input channels (in_dim = 32; see
+tinyworld/latent.py for why).
+
+Checkpoints (resumable, nothing pickled): <ckpt-dir>/ckpt.safetensors (weights + EMA),
+<ckpt-dir>/ckpt_optim.safetensors (AdamW moments, not for committing), <ckpt-dir>/ckpt.json.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import random
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+HOST = os.environ.get("CARNATOR_COMFY", os.path.join(ROOT, ".host", "ComfyUI"))
+if HOST not in sys.path:
+    sys.path.insert(1, HOST)
+
+import numpy as np
+import torch
+from safetensors.torch import load_file, save_file
+
+from tinyworld import latent as LAT
+from tinyworld import text as TXT
+from tinyworld import world as WD
+
+DEFAULT_DIR = os.path.join(ROOT, "models", "tinyworld")
+EXPORT_NAME = "carnator_tinyworld_wan21.safetensors"
+SHIFT = 8.0  # WAN21_T2V.sampling_settings["shift"] in ComfyUI
+
+
+def force_cpu():
+    from comfy.cli_args import args
+    args.cpu = True
+
+
+def model_config(dim=128, layers=4, ffn=512, in_dim=32):
+    return dict(model_type="t2v", patch_size=(1, 2, 2), text_len=512, in_dim=in_dim, dim=dim, ffn_dim=ffn,
+                freq_dim=256, text_dim=TXT.TEXT_DIM, out_dim=16, num_heads=dim // 128, num_layers=layers,
+                window_size=(-1, -1), qk_norm=True, cross_attn_norm=True, eps=1e-6)
+
+
+def build_model(cfg):
+    force_cpu()
+    import comfy.ops
+    from comfy.ldm.wan.model import WanModel
+    m = WanModel(**cfg, device="cpu", dtype=torch.float32, operations=comfy.ops.disable_weight_init)
+    init_weights(m)
+    return m
+
+
+@torch.no_grad()
+def init_weights(m):
+    """Wan 2.1's init (ComfyUI's ops leave parameters uninitialised)."""
+    g = torch.Generator().manual_seed(0)
+    for name, p in m.named_parameters():
+        if name.endswith("modulation"):
+            p.copy_(torch.randn(p.shape, generator=g) / p.shape[-1] ** 0.5)
+        elif name.startswith("head.head."):
+            p.zero_()
+        elif name.endswith("bias"):
+            p.zero_()
+        elif ".norm" in name or name.startswith("norm"):
+            p.fill_(1.0)
+        elif name.startswith(("text_embedding", "time_embedding")) and name.endswith("weight"):
+            p.copy_(torch.randn(p.shape, generator=g) * 0.02)
+        elif name.endswith("weight") and p.ndim >= 2:
+            fan_out = p.shape[0]
+            fan_in = p[0].numel()
+            a = math.sqrt(6.0 / (fan_in + fan_out))
+            p.copy_((torch.rand(p.shape, generator=g) * 2 - 1) * a)
+        else:
+            raise RuntimeError(f"no init rule for {name}")
+
+
+# --------------------------------------------------------------------------- data
+class Bank:
+    """Scenes with paraphrased captions and their MiniLM states (cached under /tmp)."""
+
+    def __init__(self, n, seed, cache_dir="/tmp/carnator_tinyworld"):
+        os.makedirs(cache_dir, exist_ok=True)
+        path = os.path.join(cache_dir, f"bank_{n}_{seed}_v2.safetensors")
+        rng = random.Random(seed)
+        self.scenes, self.captions = [], []
+        for i in range(n):
+            s = WD.random_scene(rng)
+            self.scenes.append(s)
+            self.captions.append(WD.caption(s, rng))
+        if os.path.exists(path):
+            self.states = load_file(path)["states"]
+        else:
+            t0 = time.time()
+            states = torch.zeros(n, TXT.TEXT_LEN, TXT.STATE_DIM, dtype=torch.float16)
+            for s in range(0, n, 256):
+                states[s:s + 256] = TXT.encode_states(self.captions[s:s + 256]).half()
+                TXT._state_cache.clear()
+                print(f"bank {s + 256}/{n} {time.time() - t0:.0f}s", flush=True)
+            save_file({"states": states}, path)
+            self.states = states
+        self.states = TXT.fill_padding(self.states)
+        self.empty = TXT.encode_states([""])[0]
+
+
+def make_batch(bank, idx, rng_np, drop_p):
+    vids = []
+    for i in idx:
+        v, _ = WD.render(bank.scenes[i], int(rng_np.randint(0, 2**31 - 1)))
+        vids.append(v)
+    x0 = LAT.encode(torch.stack(vids))
+    st = bank.states[idx].float()
+    drop = torch.from_numpy(rng_np.rand(len(idx)) < drop_p)
+    st[drop] = bank.empty
+    return x0, st
+
+
+def sample_sigmas(n, rng_np, p_shift=0.7):
+    u = torch.from_numpy(rng_np.rand(n)).float()
+    shifted = SHIFT * u / (1 + (SHIFT - 1) * u)
+    use = torch.from_numpy(rng_np.rand(n) < p_shift)
+    s = torch.where(use, shifted, u)
+    return s.clamp(1e-3, 1.0)
+
+
+# --------------------------------------------------------------------------- checkpoints
+def save_ckpt(d, model, ema, opt, state):
+    os.makedirs(d, exist_ok=True)
+    tensors = {f"model.{k}": v.detach().contiguous() for k, v in model.state_dict().items()}
+    tensors.update({f"ema.{k}": v.detach().contiguous() for k, v in ema.items()})
+    save_file(tensors, os.path.join(d, "ckpt.safetensors.tmp"))
+    os.replace(os.path.join(d, "ckpt.safetensors.tmp"), os.path.join(d, "ckpt.safetensors"))
+    names = {id(p): n for n, p in model.named_parameters()}
+    ot = {}
+    for group in opt.param_groups:
+        for p in group["params"]:
+            stt = opt.state.get(p, {})
+            for k in ("exp_avg", "exp_avg_sq"):
+                if k in stt:
+                    ot[f"{names[id(p)]}.{k}"] = stt[k].contiguous()
+            if "step" in stt:
+                state["adam_step"] = float(stt["step"])
+    save_file(ot, os.path.join(d, "ckpt_optim.safetensors.tmp"))
+    os.replace(os.path.join(d, "ckpt_optim.safetensors.tmp"), os.path.join(d, "ckpt_optim.safetensors"))
+    with open(os.path.join(d, "ckpt.json.tmp"), "w") as f:
+        json.dump(state, f, indent=1)
+    os.replace(os.path.join(d, "ckpt.json.tmp"), os.path.join(d, "ckpt.json"))
+
+
+def load_ckpt(d, model, opt):
+    t = load_file(os.path.join(d, "ckpt.safetensors"))
+    model.load_state_dict({k[6:]: v for k, v in t.items() if k.startswith("model.")})
+    ema = {k[4:]: v.clone() for k, v in t.items() if k.startswith("ema.")}
+    with open(os.path.join(d, "ckpt.json")) as f:
+        state = json.load(f)
+    op = os.path.join(d, "ckpt_optim.safetensors")
+    if os.path.exists(op) and opt is not None:
+        ot = load_file(op)
+        for n, p in model.named_parameters():
+            if f"{n}.exp_avg" in ot:
+                opt.state[p] = {"step": torch.tensor(state.get("adam_step", state["step"])),
+                                "exp_avg": ot[f"{n}.exp_avg"], "exp_avg_sq": ot[f"{n}.exp_avg_sq"]}
+    return ema, state
+
+
+def export(d, out_path=None, use_ema=True):
+    t = load_file(os.path.join(d, "ckpt.safetensors"))
+    pre = "ema." if use_ema else "model."
+    sd = {k[len(pre):]: v.to(torch.float16).contiguous() for k, v in t.items() if k.startswith(pre)}
+    out_path = out_path or os.path.join(d, EXPORT_NAME)
+    with open(os.path.join(d, "ckpt.json")) as f:
+        st = json.load(f)
+    meta = {"carnator_tinyworld": json.dumps({"config": st["config"], "step": st["step"],
+                                               "samples": st["samples"], "text_len": TXT.TEXT_LEN,
+                                               "latent": "tinyworld.latent v1", "shift": SHIFT})}
+    save_file(sd, out_path + ".tmp", metadata=meta)
+    os.replace(out_path + ".tmp", out_path)
+    return out_path
+
+
+@torch.no_grad()
+def init_from(model, d):
+    """Warm start from another checkpoint's weights; extra input channels keep their init."""
+    t = load_file(os.path.join(d, "ckpt.safetensors"))
+    src = {k[6:]: v for k, v in t.items() if k.startswith("model.")}
+    own = model.state_dict()
+    for k, v in src.items():
+        if k not in own:
+            continue
+        if own[k].shape == v.shape:
+            own[k].copy_(v)
+        elif k == "patch_embedding.weight":
+            own[k][:, :v.shape[1]].copy_(v)
+    print(f"warm start from {d}", flush=True)
+
+
+# --------------------------------------------------------------------------- training
+def train(a):
+    torch.set_num_threads(a.threads)
+    cfg = model_config(a.dim, a.layers, a.ffn, a.in_dim)
+    model = build_model(cfg)
+    nparam = sum(p.numel() for p in model.parameters())
+    opt = torch.optim.AdamW(model.parameters(), lr=a.lr, betas=(0.9, 0.99), weight_decay=0.01)
+    state = {"step": 0, "samples": 0, "config": {k: list(v) if isinstance(v, tuple) else v for k, v in cfg.items()},
+             "seconds": 0.0, "recipe": vars(a).copy()}
+    ema = None
+    if a.init_from and not (a.resume and os.path.exists(os.path.join(a.dir, "ckpt.json"))):
+        init_from(model, a.init_from)
+    if a.resume and os.path.exists(os.path.join(a.dir, "ckpt.json")):
+        ema, st = load_ckpt(a.dir, model, opt)
+        state.update({k: st[k] for k in ("step", "samples", "seconds") if k in st})
+        state["recipe"] = vars(a).copy()
+        print(f"resumed at step {state['step']}", flush=True)
+    if ema is None:
+        ema = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    bank = Bank(a.bank, a.seed)
+    print(f"params {nparam/1e6:.2f}M bank {len(bank.captions)}", flush=True)
+    rng_np = np.random.RandomState(a.seed * 7919 + state["step"])
+    coords = LAT.coords(WD.T, WD.H // 2, WD.W // 2, batch=a.batch)
+    proj = TXT.projection()
+    t_start = time.time()
+    t_last_ckpt = time.time()
+    t_log = time.time()
+    losses = []
+    deadline = t_start + a.minutes * 60
+    model.train()
+    while time.time() < deadline and (a.steps <= 0 or state["step"] < a.steps):
+        step = state["step"]
+        lr = a.lr * min(1.0, (step + 1) / a.warmup)
+        for gp in opt.param_groups:
+            gp["lr"] = lr
+        idx = rng_np.randint(0, len(bank.captions), size=a.batch)
+        x0, st = make_batch(bank, idx, rng_np, a.drop)
+        ctx = st @ proj
+        sig = sample_sigmas(a.batch, rng_np, a.p_shift)
+        noise = torch.from_numpy(rng_np.randn(*x0.shape).astype(np.float32))
+        s5 = sig.view(-1, 1, 1, 1, 1)
+        xt = (1 - s5) * x0 + s5 * noise
+        target = noise - x0
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=a.bf16):
+            out = model(torch.cat([xt, coords], dim=1), sig * 1000.0, ctx)
+        loss = (out.float() - target).pow(2).mean()
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        with torch.no_grad():
+            dec = min(a.ema, (1 + step) / (10 + step))
+            for k, v in model.state_dict().items():
+                ema[k].mul_(dec).add_(v.detach(), alpha=1 - dec)
+        state["step"] += 1
+        state["samples"] += a.batch
+        losses.append(loss.item())
+        if time.time() - t_log > a.log_every:
+            el = time.time() - t_start
+            state["seconds_run"] = el
+            print(f"step {state['step']} samples {state['samples']} loss {np.mean(losses):.4f} lr {lr:.2e} "
+                  f"{a.batch * len(losses) / (time.time() - t_log):.1f} samples/s", flush=True)
+            losses = []
+            t_log = time.time()
+        if time.time() - t_last_ckpt > a.ckpt_every:
+            state["seconds"] = state.get("seconds", 0.0) + (time.time() - t_last_ckpt)
+            save_ckpt(a.dir, model, ema, opt, state)
+            t_last_ckpt = time.time()
+            print(f"checkpoint at step {state['step']}", flush=True)
+    state["seconds"] = state.get("seconds", 0.0) + (time.time() - t_last_ckpt)
+    save_ckpt(a.dir, model, ema, opt, state)
+    print(f"done: step {state['step']} samples {state['samples']}", flush=True)
+
+
+# --------------------------------------------------------------------------- evaluation
+def comfy_generate(model_patcher, captions, seeds, steps=20, cfg=4.0, sampler="euler", scheduler="simple"):
+    """Generate with ComfyUI's own sampler path; returns pixel videos (N, 3, T, H, W)."""
+    import comfy.sample
+    neg = TXT.conditioning("")
+    vids = []
+    for cap, seed in zip(captions, seeds):
+        latent = torch.zeros(1, 16, WD.T, WD.H // 2, WD.W // 2)
+        noise = comfy.sample.prepare_noise(latent, seed)
+        out = comfy.sample.sample(model_patcher, noise, steps, cfg, sampler, scheduler, TXT.conditioning(cap), neg,
+                                  latent, denoise=1.0, disable_pbar=True, seed=seed)
+        vids.append(LAT.decode_comfy(out.float(), clamp=True)[0])
+    return torch.stack(vids)
+
+
+def load_comfy(path):
+    force_cpu()
+    import comfy.sd
+    return comfy.sd.load_diffusion_model(path)
+
+
+def evaluate(a):
+    torch.set_num_threads(a.threads)
+    from tinyworld import checker as CH
+    path = a.model
+    if path is None:
+        path = export(a.dir, os.path.join("/tmp", "carnator_tinyworld_eval.safetensors"), use_ema=not a.no_ema)
+    mp = load_comfy(path)
+    print("loaded", type(mp.model).__name__, type(mp.model.model_config).__name__, flush=True)
+    rng = random.Random(a.eval_seed)
+    caps, scenes, seeds = [], [], []
+    for i in range(a.eval):
+        n = 1 if (a.objects == 1 or (a.objects == 0 and i % 2 == 0)) else 2
+        s = WD.random_scene(rng, n)
+        scenes.append(s)
+        caps.append(WD.caption(s, rng))
+        seeds.append(rng.randrange(2**31))
+    t0 = time.time()
+    vids = comfy_generate(mp, caps, seeds, steps=a.eval_steps, cfg=a.cfg, sampler=a.sampler)
+    dt = time.time() - t0
+    res = CH.evaluate(vids, scenes)
+    print(json.dumps({"n": a.eval, "cfg": a.cfg, "steps": a.eval_steps, "sampler": a.sampler,
+                      "seconds_per_video": dt / a.eval, **res["summary"]}, indent=1))
+    by_n = {}
+    for s, r in zip(scenes, res["per_video"]):
+        by_n.setdefault(len(s["objects"]), []).append(r["all"])
+    for k, v in sorted(by_n.items()):
+        print(f"{k}-object scenes: all-attributes-correct {np.mean(v):.3f} (n={len(v)})")
+    if a.save_png:
+        save_grid(vids, a.save_png)
+        with open(a.save_png + ".txt", "w") as f:
+            f.write("\n".join(caps))
+    return res
+
+
+def save_grid(vids, path):
+    from PIL import Image
+    n = vids.shape[0]
+    rows = []
+    for i in range(n):
+        rows.append(torch.cat([vids[i, :, t] for t in range(vids.shape[2])], dim=2))
+    g = torch.cat(rows, dim=1)
+    arr = (g.permute(1, 2, 0).numpy() * 255).clip(0, 255).astype(np.uint8)
+    Image.fromarray(arr).resize((arr.shape[1] * 2, arr.shape[0] * 2), Image.NEAREST).save(path)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--dir", default=DEFAULT_DIR)
+    p.add_argument("--resume", action="store_true")
+    p.add_argument("--minutes", type=float, default=60)
+    p.add_argument("--steps", type=int, default=0)
+    p.add_argument("--dim", type=int, default=128)
+    p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--ffn", type=int, default=512)
+    p.add_argument("--batch", type=int, default=32)
+    p.add_argument("--lr", type=float, default=5e-4)
+    p.add_argument("--warmup", type=int, default=200)
+    p.add_argument("--ema", type=float, default=0.999)
+    p.add_argument("--drop", type=float, default=0.12)
+    p.add_argument("--p-shift", type=float, default=0.7)
+    p.add_argument("--bank", type=int, default=8192)
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--bf16", action="store_true")
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--ckpt-every", type=float, default=180)
+    p.add_argument("--log-every", type=float, default=30)
+    p.add_argument("--in-dim", type=int, default=32)
+    p.add_argument("--init-from", default=None, help="checkpoint dir to warm-start from (input channels adapted)")
+    p.add_argument("--export", action="store_true")
+    p.add_argument("--eval", type=int, default=0)
+    p.add_argument("--model", default=None, help="evaluate this exported .safetensors instead of the checkpoint")
+    p.add_argument("--no-ema", action="store_true")
+    p.add_argument("--objects", type=int, default=0, help="eval: 1 or 2 objects only (0: alternate)")
+    p.add_argument("--cfg", type=float, default=4.0)
+    p.add_argument("--eval-steps", type=int, default=20)
+    p.add_argument("--sampler", default="euler")
+    p.add_argument("--eval-seed", type=int, default=12345)
+    p.add_argument("--save-png", default=None)
+    a = p.parse_args()
+    if a.export:
+        path = export(a.dir, use_ema=not a.no_ema)
+        print(path, os.path.getsize(path))
+        force_cpu()
+        import comfy.sd
+        mp = comfy.sd.load_diffusion_model(path)
+        print("ComfyUI detects:", type(mp.model.model_config).__name__, mp.model.model_config.unet_config)
+        return
+    if a.eval:
+        evaluate(a)
+        return
+    train(a)
+
+
+if __name__ == "__main__":
+    main()

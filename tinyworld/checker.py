@@ -1,0 +1,166 @@
+"""Analytic checker: read shape, colour, position and motion back from a tiny-world video.
+
+Works in pixel space on (3, T, H, W) videos in [0, 1] (``latent.decode`` output).
+
+1. Every pixel is labelled with the nearest of {background, palette colours}; pixels further
+   than ``MAX_DIST`` from all of them are unlabelled.
+2. Each palette colour with enough pixels (``MIN_PIXELS`` per frame on average) is an object.
+   Per frame its largest 4-connected component is kept (stray specks dropped).
+3. position = quadrant of the mean centroid over frames; motion = the dominant axis and sign
+   of the least-squares centroid velocity (``MIN_SPEED`` px/frame at least, else "static");
+   shape = the template (square/circle/triangle, as the generator draws them) with the best
+   IoU against the per-frame masks, searched over small offsets around the centroid.
+4. :func:`compare` matches caption objects to detected objects (the assignment with fewest
+   disagreements) and reports per-attribute agreement plus the object count.
+"""
+from __future__ import annotations
+
+import itertools
+from typing import Dict, List
+
+import numpy as np
+import torch
+
+from . import world as WD
+
+MAX_DIST = 0.38
+MIN_PIXELS = 10.0
+MIN_SPEED = 0.5
+
+_NAMES = ["background"] + list(WD.COLOURS)
+_PALETTE = np.array([WD.BACKGROUND] + [WD.COLOURS[c] for c in WD.COLOURS], dtype=np.float32)  # (K, 3)
+
+
+def _largest_component(m: np.ndarray) -> np.ndarray:
+    if m.sum() == 0:
+        return m
+    h, w = m.shape
+    lab = np.zeros((h, w), dtype=np.int32)
+    best, best_n, cur = 0, 0, 0
+    for y0 in range(h):
+        for x0 in range(w):
+            if m[y0, x0] and not lab[y0, x0]:
+                cur += 1
+                stack = [(y0, x0)]
+                lab[y0, x0] = cur
+                n = 0
+                while stack:
+                    y, x = stack.pop()
+                    n += 1
+                    for yy, xx in ((y - 1, x), (y + 1, x), (y, x - 1), (y, x + 1)):
+                        if 0 <= yy < h and 0 <= xx < w and m[yy, xx] and not lab[yy, xx]:
+                            lab[yy, xx] = cur
+                            stack.append((yy, xx))
+                if n > best_n:
+                    best, best_n = cur, n
+    return lab == best
+
+
+def _shape_of(masks: np.ndarray, cents) -> (str, Dict[str, float]):
+    scores = {}
+    offs = np.arange(-1.5, 1.51, 0.5)
+    for shape in WD.SHAPES:
+        tot = 0.0
+        for t, m in enumerate(masks):
+            if m.sum() == 0:
+                continue
+            cx, cy = cents[t]
+            if shape == "triangle":
+                cy = cy - 1.2  # centroid of an apex-up triangle sits below its box centre
+            best = 0.0
+            for dx in offs:
+                for dy in offs:
+                    tm = WD.shape_mask(shape, cx + dx, cy + dy)
+                    inter = np.logical_and(tm, m).sum()
+                    union = np.logical_or(tm, m).sum()
+                    best = max(best, inter / max(union, 1))
+            tot += best
+        scores[shape] = tot / max(1, len(masks))
+    return max(scores, key=scores.get), scores
+
+
+def detect(video) -> List[dict]:
+    """Objects found in a video: [{"colour", "shape", "position", "motion", "pixels", ...}]."""
+    if isinstance(video, torch.Tensor):
+        video = video.detach().float().cpu().numpy()
+    v = np.asarray(video, dtype=np.float32)
+    c, t, h, w = v.shape
+    pix = v.transpose(1, 2, 3, 0)  # (T, H, W, 3)
+    d = np.linalg.norm(pix[..., None, :] - _PALETTE[None, None, None], axis=-1)  # (T,H,W,K)
+    lab = d.argmin(-1)
+    lab[d.min(-1) > MAX_DIST] = -1
+    objs = []
+    for k, name in enumerate(_NAMES):
+        if k == 0:
+            continue
+        masks = lab == k
+        if masks.sum() / t < MIN_PIXELS:
+            continue
+        masks = np.stack([_largest_component(m) for m in masks])
+        cents = []
+        for m in masks:
+            if m.sum() == 0:
+                cents.append((np.nan, np.nan))
+                continue
+            ys, xs = np.nonzero(m)
+            cents.append((xs.mean() + 0.5, ys.mean() + 0.5))
+        cents_a = np.array(cents)
+        ok = ~np.isnan(cents_a[:, 0])
+        if ok.sum() == 0:
+            continue
+        mx, my = cents_a[ok].mean(0)
+        position = ("top" if my < h / 2 else "bottom") + " " + ("left" if mx < w / 2 else "right")
+        if ok.sum() >= 2:
+            ts = np.arange(t)[ok].astype(np.float64)
+            vx = np.polyfit(ts, cents_a[ok, 0], 1)[0]
+            vy = np.polyfit(ts, cents_a[ok, 1], 1)[0]
+        else:
+            vx = vy = 0.0
+        if max(abs(vx), abs(vy)) < MIN_SPEED:
+            motion = "static"
+        elif abs(vx) >= abs(vy):
+            motion = "right" if vx > 0 else "left"
+        else:
+            motion = "down" if vy > 0 else "up"
+        shape, scores = _shape_of(masks, cents)
+        objs.append({"colour": name, "shape": shape, "position": position, "motion": motion,
+                     "pixels": float(masks.sum() / t), "centroid": (float(mx), float(my)),
+                     "velocity": (float(vx), float(vy)), "shape_scores": scores})
+    return objs
+
+
+def compare(detected: List[dict], scene: dict) -> dict:
+    """Per-attribute agreement between detected objects and a scene (or caption string)."""
+    if isinstance(scene, str):
+        scene = WD.parse_caption(scene)
+    want = scene["objects"]
+    best = None
+    det = list(detected)
+    cand = det + [None] * len(want)
+    for perm in itertools.permutations(range(len(cand)), len(want)):
+        res = {a: [] for a in WD.ATTRIBUTES}
+        miss = 0
+        for wi, di in enumerate(perm):
+            d = cand[di]
+            for a in WD.ATTRIBUTES:
+                ok = d is not None and d[a] == want[wi][a]
+                res[a].append(ok)
+                miss += not ok
+        if best is None or miss < best[0]:
+            best = (miss, res)
+    res = best[1]
+    out = {a: float(np.mean(v)) for a, v in res.items()}
+    out["count"] = float(len(det) == len(want))
+    out["all"] = float(all(all(v) for v in res.values()) and len(det) == len(want))
+    return out
+
+
+def check(video, scene) -> dict:
+    return compare(detect(video), scene)
+
+
+def evaluate(videos, scenes) -> dict:
+    per = [check(v, s) for v, s in zip(videos, scenes)]
+    keys = list(WD.ATTRIBUTES) + ["count", "all"]
+    summary = {k: float(np.mean([p[k] for p in per])) for k in keys}
+    return {"summary": summary, "per_video": per}

@@ -1,0 +1,312 @@
+"""The tiny world: short synthetic videos of one or two simple objects, with captions.
+
+Everything here is plain numpy/torch and deterministic from a seed.
+
+A scene is a dict ``{"objects": [obj, ...]}`` where each object is
+``{"shape", "colour", "position", "motion"}`` drawn from the small vocabularies below.
+Objects sit in one of four position slots (quadrants) and move by ``STEP`` pixels per
+frame in one of four directions, so the layout (where the object is and which way it
+travels) is a coarse, global property of the whole clip: the denoiser has to commit to it
+in its first, high-noise steps. Colour and shape are decided later (fine detail).
+
+Videos are float32 tensors (3, T, H, W) in [0, 1] on a plain grey background.
+"""
+from __future__ import annotations
+
+import random
+from typing import Dict, List, Sequence, Tuple
+
+import numpy as np
+import torch
+
+T = 4
+H = 32
+W = 32
+STEP = 2.0  # pixels per frame
+BACKGROUND = (0.5, 0.5, 0.5)
+
+COLOURS: Dict[str, Tuple[float, float, float]] = {
+    "red": (0.92, 0.10, 0.10),
+    "green": (0.10, 0.80, 0.15),
+    "blue": (0.12, 0.22, 0.95),
+    "yellow": (0.95, 0.88, 0.08),
+}
+SHAPES = ("square", "circle", "triangle")
+POSITIONS = ("top left", "top right", "bottom left", "bottom right")
+MOTIONS = ("left", "right", "up", "down")
+ATTRIBUTES = ("shape", "colour", "position", "motion")
+
+# slot centre (x, y) in pixels
+POSITION_CENTRES = {
+    "top left": (8.0, 8.0),
+    "top right": (24.0, 8.0),
+    "bottom left": (8.0, 24.0),
+    "bottom right": (24.0, 24.0),
+}
+MOTION_VECTORS = {"left": (-1.0, 0.0), "right": (1.0, 0.0), "up": (0.0, -1.0), "down": (0.0, 1.0)}
+
+# Synonym sets. The first entry is the canonical word.
+COLOUR_WORDS = {
+    "red": ["red", "crimson", "scarlet"],
+    "green": ["green", "emerald", "lime"],
+    "blue": ["blue", "azure", "cobalt"],
+    "yellow": ["yellow", "golden", "amber"],
+}
+SHAPE_WORDS = {
+    "square": ["square", "box", "block"],
+    "circle": ["circle", "ball", "sphere"],
+    "triangle": ["triangle", "wedge", "pyramid"],
+}
+POSITION_WORDS = {
+    "top left": ["in the top left", "in the upper left corner", "at the top left"],
+    "top right": ["in the top right", "in the upper right corner", "at the top right"],
+    "bottom left": ["in the bottom left", "in the lower left corner", "at the bottom left"],
+    "bottom right": ["in the bottom right", "in the lower right corner", "at the bottom right"],
+}
+MOTION_WORDS = {
+    "left": ["moves left", "drifts leftwards", "slides to the left", "travels left"],
+    "right": ["moves right", "drifts rightwards", "slides to the right", "travels right"],
+    "up": ["moves up", "drifts upwards", "rises", "climbs upwards"],
+    "down": ["moves down", "drifts downwards", "sinks", "falls downwards"],
+}
+OPPOSITE = {
+    "left": "right", "right": "left", "up": "down", "down": "up",
+    "top left": "top right", "top right": "top left",
+    "bottom left": "bottom right", "bottom right": "bottom left",
+}
+
+# object phrase templates: c=colour word, s=shape word, p=position phrase, m=motion phrase
+OBJECT_TEMPLATES = [
+    "a {c} {s} {p} {m}",
+    "{p}, a {c} {s} {m}",
+    "a {c} {s} {m} {p}",
+]
+PAIR_JOINERS = ["{a} and {b}", "{a}, while {b}", "{a}; {b}"]
+
+
+# --------------------------------------------------------------------------- scenes
+def random_scene(rng: random.Random, n_objects: int | None = None) -> dict:
+    """Draw a scene (attributes only). Two-object scenes use distinct slots and colours."""
+    n = n_objects if n_objects is not None else rng.choice((1, 2))
+    positions = rng.sample(POSITIONS, n)
+    colours = rng.sample(list(COLOURS), n)
+    objs = []
+    for i in range(n):
+        objs.append({
+            "shape": rng.choice(SHAPES),
+            "colour": colours[i],
+            "position": positions[i],
+            "motion": rng.choice(MOTIONS),
+        })
+    return {"objects": objs}
+
+
+def scene_key(scene: dict) -> tuple:
+    return tuple(sorted((o["position"], o["colour"], o["shape"], o["motion"]) for o in scene["objects"]))
+
+
+# --------------------------------------------------------------------------- rendering
+_YY, _XX = np.meshgrid(np.arange(H, dtype=np.float32) + 0.5, np.arange(W, dtype=np.float32) + 0.5, indexing="ij")
+
+
+def shape_mask(shape: str, cx: float, cy: float) -> np.ndarray:
+    """Binary (H, W) mask of a shape centred at (cx, cy) pixels."""
+    dx = _XX - cx
+    dy = _YY - cy
+    if shape == "square":
+        return (np.abs(dx) <= 4.0) & (np.abs(dy) <= 4.0)
+    if shape == "circle":
+        return dx * dx + dy * dy <= 4.6 ** 2
+    if shape == "triangle":  # apex up, base 10 px, height 9 px
+        top, bottom = -4.5, 4.5
+        inside_y = (dy >= top) & (dy <= bottom)
+        half_w = 5.0 * (dy - top) / (bottom - top)
+        return inside_y & (np.abs(dx) <= half_w)
+    raise ValueError(shape)
+
+
+def object_track(obj: dict, jitter: Tuple[float, float] = (0.0, 0.0)) -> List[Tuple[float, float]]:
+    """Centre (x, y) of an object in each frame."""
+    cx, cy = POSITION_CENTRES[obj["position"]]
+    cx += jitter[0]
+    cy += jitter[1]
+    vx, vy = MOTION_VECTORS[obj["motion"]]
+    out = []
+    for t in range(T):
+        off = (t - (T - 1) / 2.0) * STEP
+        out.append((cx + vx * off, cy + vy * off))
+    return out
+
+
+def render(scene: dict, seed: int = 0, jitter: bool = True):
+    """Render a scene.
+
+    Returns (video (3, T, H, W) float32 in [0, 1], masks (n_objects, T, H, W) bool).
+    ``seed`` only drives the small per-object position jitter (±1 px).
+    """
+    rng = np.random.RandomState(seed & 0x7FFFFFFF)
+    video = np.empty((3, T, H, W), dtype=np.float32)
+    for c in range(3):
+        video[c] = BACKGROUND[c]
+    masks = np.zeros((len(scene["objects"]), T, H, W), dtype=bool)
+    for i, obj in enumerate(scene["objects"]):
+        jit = tuple(float(v) for v in rng.randint(-1, 2, size=2)) if jitter else (0.0, 0.0)
+        col = COLOURS[obj["colour"]]
+        for t, (cx, cy) in enumerate(object_track(obj, jit)):
+            m = shape_mask(obj["shape"], cx, cy)
+            masks[i, t] = m
+            for c in range(3):
+                video[c, t][m] = col[c]
+    return torch.from_numpy(video), torch.from_numpy(masks)
+
+
+# --------------------------------------------------------------------------- captions
+def object_phrase(obj: dict, rng: random.Random | None = None, template: int | None = None,
+                  canonical: bool = False) -> str:
+    def pick(words):
+        return words[0] if canonical or rng is None else rng.choice(words)
+    if template is None:
+        template = 0 if canonical or rng is None else rng.randrange(len(OBJECT_TEMPLATES))
+    return OBJECT_TEMPLATES[template].format(
+        c=pick(COLOUR_WORDS[obj["colour"]]), s=pick(SHAPE_WORDS[obj["shape"]]),
+        p=pick(POSITION_WORDS[obj["position"]]), m=pick(MOTION_WORDS[obj["motion"]]))
+
+
+def caption(scene: dict, rng: random.Random | None = None, canonical: bool = False) -> str:
+    """Caption a scene. ``canonical`` (or rng=None) gives the template-0, first-synonym caption;
+    otherwise a random paraphrase (synonyms, template, joiner, object order)."""
+    objs = list(scene["objects"])
+    if len(objs) == 1:
+        return object_phrase(objs[0], rng, canonical=canonical)
+    if not (canonical or rng is None) and rng.random() < 0.5:
+        objs = objs[::-1]
+    a = object_phrase(objs[0], rng, canonical=canonical)
+    b = object_phrase(objs[1], rng, canonical=canonical)
+    joiner = PAIR_JOINERS[0] if canonical or rng is None else rng.choice(PAIR_JOINERS)
+    return joiner.format(a=a, b=b)
+
+
+def _lookup(table: Dict[str, List[str]]):
+    inv = {}
+    for k, words in table.items():
+        for w in words:
+            inv[w] = k
+    return inv
+
+
+_COLOUR_INV = _lookup(COLOUR_WORDS)
+_SHAPE_INV = _lookup(SHAPE_WORDS)
+_POS_INV = _lookup(POSITION_WORDS)
+_MOT_INV = _lookup(MOTION_WORDS)
+
+
+def parse_caption(text: str) -> dict:
+    """Inverse of :func:`caption` for every paraphrase it can produce (used by the checker
+    when only a prompt string is known)."""
+    parts = [text]
+    for sep in (", while ", "; ", " and "):
+        if sep in text:
+            parts = text.split(sep)
+            break
+    objs = []
+    for part in parts:
+        part = part.strip()
+        obj = {}
+        for phrase, pos in sorted(_POS_INV.items(), key=lambda kv: -len(kv[0])):
+            if phrase in part:
+                obj["position"] = pos
+                part = part.replace(phrase, " ")
+                break
+        for phrase, mot in sorted(_MOT_INV.items(), key=lambda kv: -len(kv[0])):
+            if phrase in part:
+                obj["motion"] = mot
+                part = part.replace(phrase, " ")
+                break
+        words = part.replace(",", " ").split()
+        for w in words:
+            if w in _COLOUR_INV:
+                obj["colour"] = _COLOUR_INV[w]
+            if w in _SHAPE_INV:
+                obj["shape"] = _SHAPE_INV[w]
+        if len(obj) != 4:
+            raise ValueError(f"cannot parse caption part {part!r} of {text!r}")
+        objs.append(obj)
+    return {"objects": objs}
+
+
+# --------------------------------------------------------------------------- pairs
+PAIR_KINDS = ("identical", "compatible_far", "incompatible_close", "partial")
+
+
+def make_pair(kind: str, seed: int) -> dict:
+    """Two related requests of a given kind.
+
+    identical: same caption. compatible_far: same scene, a different paraphrase
+    (synonyms/template), textually further apart. incompatible_close: one layout word flipped
+    (motion or position left<->right), everything else verbatim. partial: a two-object scene in
+    which one object's attributes change while the other stays.
+    Returns {"kind", "a": (scene, caption), "b": (scene, caption), "changed": [object index in
+    a's scene that changed] }.
+    """
+    rng = random.Random(seed)
+    if kind == "partial":
+        sa = random_scene(rng, 2)
+        sb = {"objects": [dict(o) for o in sa["objects"]]}
+        i = rng.randrange(2)
+        o = sb["objects"][i]
+        attr = rng.choice(("colour", "shape", "motion"))
+        if attr == "colour":
+            o["colour"] = rng.choice([c for c in COLOURS if c not in (sa["objects"][0]["colour"], sa["objects"][1]["colour"])])
+        elif attr == "shape":
+            o["shape"] = rng.choice([s for s in SHAPES if s != o["shape"]])
+        else:
+            o["motion"] = rng.choice([m for m in MOTIONS if m != o["motion"]])
+        ca = caption(sa, canonical=True)
+        cb = caption(sb, canonical=True)
+        return {"kind": kind, "a": (sa, ca), "b": (sb, cb), "changed": [i]}
+    sa = random_scene(rng, 1)
+    if kind == "identical":
+        c = caption(sa, random.Random(seed + 1))
+        return {"kind": kind, "a": (sa, c), "b": (sa, c), "changed": []}
+    if kind == "compatible_far":
+        ca = caption(sa, canonical=True)
+        for k in range(100):
+            cb = caption(sa, random.Random(seed * 1000 + k + 7))
+            if cb != ca:
+                break
+        return {"kind": kind, "a": (sa, ca), "b": (sa, cb), "changed": []}
+    if kind == "incompatible_close":
+        o = dict(sa["objects"][0])
+        if o["motion"] in ("left", "right") or rng.random() < 0.5:
+            attr = "motion" if o["motion"] in ("left", "right") else "position"
+        else:
+            attr = "position"
+        sb = {"objects": [dict(o)]}
+        sb["objects"][0][attr] = OPPOSITE[o[attr]]
+        ca = caption(sa, canonical=True)
+        cb = caption(sb, canonical=True)
+        return {"kind": kind, "a": (sa, ca), "b": (sb, cb), "changed": [0]}
+    raise ValueError(kind)
+
+
+def sample(seed: int, n_objects: int | None = None, paraphrase: bool = True):
+    """One training/eval example: (video, scene, caption, masks), deterministic from seed."""
+    rng = random.Random(seed)
+    scene = random_scene(rng, n_objects)
+    text = caption(scene, rng) if paraphrase else caption(scene, canonical=True)
+    video, masks = render(scene, seed)
+    return video, scene, text, masks
+
+
+def all_single_scenes() -> List[dict]:
+    return [{"objects": [{"shape": s, "colour": c, "position": p, "motion": m}]}
+            for s in SHAPES for c in COLOURS for p in POSITIONS for m in MOTIONS]
+
+
+def vocabulary() -> List[str]:
+    words = set()
+    for table in (COLOUR_WORDS, SHAPE_WORDS, POSITION_WORDS, MOTION_WORDS):
+        for ws in table.values():
+            for w in ws:
+                words.update(w.split())
+    return sorted(words)
