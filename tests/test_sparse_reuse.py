@@ -90,3 +90,16 @@ def test_miss_can_run_sparse_with_its_own_probe_connectivity(tiny_models, reques
     _, s = requests_in(tiny_models["ltxv"], "ltxv", PROMPT)
     assert s.outcome == "miss"
     assert s.sparse_calls > 0
+
+
+def test_refresh_runs_dense_re_measurement_steps_between_sparse_ones(tiny_models, tmp_path):
+    """refresh_every=2: steps k, k+2, ... run dense and re-measure; the others run sparse."""
+    model = tiny_models["ltxv"]
+    _, plain = sparse_hit(model, "ltxv", tmp_path / "plain", keep_mass=0.5, min_density=0.1)
+    _, refreshed = sparse_hit(model, "ltxv", tmp_path / "refresh", keep_mass=0.5,
+                              min_density=0.1, refresh_every=2)
+    remaining = plain.steps_total - plain.reuse_step
+    layers = plain.sparse_calls // remaining
+    sparse_steps = sum(1 for i in range(remaining) if i % 2 != 0)
+    assert refreshed.reuse_step == plain.reuse_step
+    assert refreshed.sparse_calls == layers * sparse_steps < plain.sparse_calls
