@@ -34,8 +34,10 @@ def free_port() -> int:
 
 
 class ComfyServer:
-    def __init__(self, workdir: Path, port: int | None = None, startup_timeout: float = 180.0):
+    def __init__(self, workdir: Path, port: int | None = None, startup_timeout: float = 180.0,
+                 host: Path | None = None):
         self.workdir = Path(workdir)
+        self.host = Path(host) if host else host_path()
         self.port = port or free_port()
         self.startup_timeout = startup_timeout
         self.proc: subprocess.Popen | None = None
@@ -55,7 +57,6 @@ class ComfyServer:
     def start(self) -> "ComfyServer":
         for d in (self.user_dir, self.output_dir, self.workdir / "input", self.workdir / "temp"):
             d.mkdir(parents=True, exist_ok=True)
-        host = host_path()
         cmd = [sys.executable, "main.py", "--cpu", "--listen", "127.0.0.1", "--port", str(self.port),
                "--disable-all-custom-nodes", "--whitelist-custom-nodes", "carnator",
                "--user-directory", str(self.user_dir), "--output-directory", str(self.output_dir),
@@ -65,7 +66,7 @@ class ComfyServer:
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         env.pop("CARNATOR_CACHE_DIR", None)
         self._log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen(cmd, cwd=host, stdout=self._log, stderr=subprocess.STDOUT, env=env)
+        self.proc = subprocess.Popen(cmd, cwd=self.host, stdout=self._log, stderr=subprocess.STDOUT, env=env)
         deadline = time.time() + self.startup_timeout
         while time.time() < deadline:
             if self.proc.poll() is not None:

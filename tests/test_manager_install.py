@@ -1,0 +1,50 @@
+"""Install the pack the way a user's ComfyUI Manager does, then load it in the real server.
+
+ComfyUI Manager's command line (`python -m cm_cli`, from the comfyui-manager package)
+installs only from URLs with a host, so the repository is served from loopback by
+`git daemon`; Manager clones it into custom_nodes/ and installs requirements.txt.
+"""
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from comfy_host import host_path
+from server_harness import ComfyServer, free_port
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def git_server(tmp_path):
+    served = tmp_path / "srv"
+    served.mkdir()
+    subprocess.run(["git", "clone", "-q", "--bare", str(REPO), str(served / "carnator.git")], check=True)
+    port = free_port()
+    daemon = subprocess.Popen(["git", "daemon", "--export-all", f"--base-path={served}",
+                               "--listen=127.0.0.1", f"--port={port}", str(served)])
+    time.sleep(1.0)
+    yield f"git://127.0.0.1:{port}/carnator.git"
+    daemon.terminate()
+    daemon.wait(timeout=10)
+
+
+def test_comfyui_manager_installs_the_pack_and_comfyui_loads_it(tmp_path, git_server):
+    if shutil.which("git") is None:
+        pytest.skip("git is not installed")
+    host = tmp_path / "ComfyUI"
+    shutil.copytree(host_path(), host, symlinks=True,
+                    ignore=lambda d, names: ["carnator"] if d.endswith("custom_nodes") else [])
+    out = subprocess.run([sys.executable, "-m", "cm_cli", "install", git_server], cwd=host,
+                         env={**__import__("os").environ, "COMFYUI_PATH": str(host)},
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    installed = host / "custom_nodes" / "carnator"
+    assert (installed / "__init__.py").is_file() and (installed / ".git").is_dir()
+    assert "[INSTALLED]" in out.stdout + out.stderr
+
+    with ComfyServer(tmp_path / "run", host=host) as server:
+        info = server.get("/object_info")
+        assert {"CarnatorEarlyProbe", "CarnatorSampler"} <= set(info)
