@@ -338,7 +338,7 @@ def _plan_attention(pr: ProbeResult, plan: Plan | None, own: Connectivity | None
     request's own probe measurement on a miss, none when sparse attention is off."""
     att, sparse, n = pr.run.attention, pr.settings.sparse, pr.run.steps
     att.capture_steps, att.sparse_steps, att.connectivity = set(), set(), None
-    att.scores, att.score_counts, att.fresh = {}, {}, False
+    att.scores, att.score_counts, att.fresh, att.skipped = {}, {}, False, None
     if not sparse.enabled:
         return
     if plan is not None:
@@ -350,6 +350,11 @@ def _plan_attention(pr: ProbeResult, plan: Plan | None, own: Connectivity | None
         att.connectivity = own
     if att.connectivity is None:
         return
+    if att.connectivity.density > sparse.max_density:
+        att.skipped = (f"sparse attention skipped: stored connectivity is "
+                       f"{att.connectivity.density:.0%} dense (limit {sparse.max_density:.0%})")
+        att.connectivity = None
+        return
     steps = set(range(start, n))
     if sparse.refresh_every > 0:  # dense re-measurement every N steps, sparse in between
         att.capture_steps = {s for s in steps if (s - start) % sparse.refresh_every == 0}
@@ -358,6 +363,8 @@ def _plan_attention(pr: ProbeResult, plan: Plan | None, own: Connectivity | None
 
 def _report_attention(att, s: Summary) -> None:
     from .sparse_attention import select_backend
+    if att.skipped:
+        s.reason = f"{s.reason} · {att.skipped}" if s.reason else att.skipped
     if att.sparse_calls:
         s.sparse_calls = att.sparse_calls
         s.sparse_density = att.connectivity.density

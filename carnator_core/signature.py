@@ -35,14 +35,20 @@ def pool_latent_tiles(x: torch.Tensor, grid: tuple[int, int, int]) -> torch.Tens
     return pooled.reshape(x.shape[1], -1)
 
 
-def token_grid(n_tokens: int, latent_thw: tuple[int, int, int]) -> tuple[int, int, int] | None:
+VIDEO_PATCHES = ((1, 2, 2), (1, 1, 1))  # Wan, HunyuanVideo, Mochi, Cosmos; LTX-Video
+
+
+def token_grid(n_tokens: int, latent_thw: tuple[int, int, int],
+               patches=VIDEO_PATCHES + ((2, 2, 2), (1, 4, 4), (2, 1, 1))) -> tuple[int, int, int] | None:
     """Infer the token grid of a patchified latent from the token count.
 
     Video DiTs patchify (T, H, W) with small patch sizes; trying the common ones keeps this
     free of per-model code. Returns None when nothing fits (the caller then skips features).
+    Callers that must not confuse other token sequences with the video (attention
+    classification) pass the strict ``VIDEO_PATCHES``.
     """
     t, h, w = latent_thw
-    for pt, ph, pw in ((1, 2, 2), (1, 1, 1), (2, 2, 2), (1, 4, 4), (4, 8, 8), (2, 1, 1)):
+    for pt, ph, pw in patches:
         grid = (math.ceil(t / pt), math.ceil(h / ph), math.ceil(w / pw))
         if grid[0] * grid[1] * grid[2] == n_tokens:
             return grid

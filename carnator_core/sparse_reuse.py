@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .connectivity import block_scores, connectivity_mask, mask_density, pack_mask, unpack_mask
-from .signature import token_grid
+from .signature import VIDEO_PATCHES, token_grid
 from .sparse_attention import sparse_attention
 
 
@@ -25,6 +25,7 @@ class SparseSettings:
     min_density: float = 0.1     # at least this share of key blocks per query block
     refresh_every: int = 0       # >0: every N reused steps run dense and re-measure
     on_miss: bool = False        # on a miss, run the rest sparse with the probe's own mask
+    max_density: float = 0.6     # denser masks run dense: the block-sparse kernel would not pay
 
 
 def block_size_for(n_tokens: int) -> int:
@@ -90,14 +91,15 @@ class AttentionPlan:
     sparse_calls: int = 0
     dense_calls: int = 0
     fresh: bool = False  # captured since the mask was last rebuilt (refresh)
+    skipped: str | None = None  # why a stored mask was not used
 
     def classify(self, q_len: int, k_len: int, n_context: int) -> tuple[int, int] | None:
         """(image tokens, text tokens after them) for self/joint attention, else None."""
-        if q_len != k_len:
-            return None  # cross-attention: queries and keys differ
-        if token_grid(q_len, self.latent_thw) is not None:
+        if q_len != k_len or q_len == n_context:
+            return None  # cross-attention, or text-only attention (HunyuanVideo's refiner)
+        if token_grid(q_len, self.latent_thw, VIDEO_PATCHES) is not None:
             return q_len, 0
-        if n_context and token_grid(q_len - n_context, self.latent_thw) is not None:
+        if n_context and token_grid(q_len - n_context, self.latent_thw, VIDEO_PATCHES) is not None:
             return q_len - n_context, n_context  # joint attention: image then text tokens
         return None
 
@@ -140,7 +142,7 @@ class AttentionPlan:
             padded = torch.ones(mask.shape[0], nq, nq, dtype=torch.bool)
             padded[:, :mask.shape[1], :mask.shape[2]] = mask
             mask = padded
-        tg = token_grid(n_img, self.latent_thw)
+        tg = token_grid(n_img, self.latent_thw, VIDEO_PATCHES)
         dense_q = region_query_blocks(self.region_tiles, self.tile_grid, tg, conn.block_size)
         out = sparse_attention(q, k, v, mask.to(q.device), conn.block_size,
                                dense_query_blocks=dense_q,

@@ -20,6 +20,7 @@ def sparse_hit(model, backbone, folder, **sparse):
     so each setting gets its own cache folder.
     """
     requests = Requests(folder)
+    requests.settings.sparse.max_density = 1.0  # measure the kernel at every density
     for name, value in sparse.items():
         setattr(requests.settings.sparse, name, value)
     _, first = requests(model, backbone, PROMPT)
@@ -73,6 +74,7 @@ def test_sparse_attention_chains_to_an_existing_attention_override(tiny_models, 
     wan.model_options.setdefault("transformer_options", {})["optimized_attention_override"] = users_override
     requests = Requests(tmp_path)
     requests.settings.sparse.keep_mass = 0.5
+    requests.settings.sparse.max_density = 1.0
     requests(wan, "wan21", PROMPT)
     seen["calls"] = 0
     _, s = requests(wan, "wan21", RELATED)
@@ -87,6 +89,7 @@ def test_sparse_attention_chains_to_an_existing_attention_override(tiny_models, 
 def test_miss_can_run_sparse_with_its_own_probe_connectivity(tiny_models, requests_in):
     requests_in.settings.sparse.on_miss = True
     requests_in.settings.sparse.keep_mass = 0.5
+    requests_in.settings.sparse.max_density = 1.0
     _, s = requests_in(tiny_models["ltxv"], "ltxv", PROMPT)
     assert s.outcome == "miss"
     assert s.sparse_calls > 0
@@ -103,3 +106,22 @@ def test_refresh_runs_dense_re_measurement_steps_between_sparse_ones(tiny_models
     sparse_steps = sum(1 for i in range(remaining) if i % 2 != 0)
     assert refreshed.reuse_step == plain.reuse_step
     assert refreshed.sparse_calls == layers * sparse_steps < plain.sparse_calls
+
+
+def test_dense_stored_connectivity_is_not_run_sparse(tiny_models, tmp_path):
+    """Above max_density the kernel would not pay: the hit runs dense and says why."""
+    _, s = sparse_hit(tiny_models["wan21"], "wan21", tmp_path, keep_mass=1.0, min_density=1.0,
+                      max_density=0.6)
+    assert s.sparse_calls == 0
+    assert "sparse attention skipped" in s.reason and "100% dense" in s.reason
+
+
+def test_only_video_self_attention_is_classified_for_sparse_reuse():
+    """Text-only attention (HunyuanVideo's token refiner) must never be taken for video:
+    32 text tokens happen to equal a (4, 8, 8)-patch grid of a 5×32×32 latent."""
+    from carnator_core.sparse_reuse import AttentionPlan, SparseSettings
+    plan = AttentionPlan(SparseSettings(), (5, 32, 32))
+    assert plan.classify(32, 32, n_context=32) is None          # text refiner
+    assert plan.classify(1280, 32, n_context=32) is None        # cross-attention
+    assert plan.classify(1280, 1280, n_context=32) == (1280, 0)  # Wan / LTX self-attention
+    assert plan.classify(1312, 1312, n_context=32) == (1280, 32)  # HunyuanVideo joint
