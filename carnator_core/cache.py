@@ -93,6 +93,8 @@ class LookupResult:
 class TrajectoryCache:
     """A cache folder. Cheap to construct; opens connections per operation (thread-safe)."""
 
+    busy_timeout_s = 30.0  # how long to wait for another process's write lock
+
     def __init__(self, folder: str | os.PathLike, capacity_bytes: int = DEFAULT_CAPACITY_BYTES):
         self.folder = Path(folder).expanduser().resolve()
         self.capacity_bytes = int(capacity_bytes)
@@ -119,10 +121,10 @@ class TrajectoryCache:
 
     @contextmanager
     def _db(self) -> Iterator[sqlite_utils.Database]:
-        conn = sqlite3.connect(str(self.db_path), timeout=30.0, isolation_level=None,
-                               check_same_thread=False)
+        conn = sqlite3.connect(str(self.db_path), timeout=self.busy_timeout_s,
+                               isolation_level=None, check_same_thread=False)
         try:
-            conn.execute("PRAGMA busy_timeout=30000")
+            conn.execute(f"PRAGMA busy_timeout={int(self.busy_timeout_s * 1000)}")
             yield sqlite_utils.Database(conn)
         finally:
             conn.close()
@@ -162,6 +164,10 @@ class TrajectoryCache:
             if result != "ok":
                 raise sqlite3.DatabaseError(result)
             self._create_schema()
+        except sqlite3.OperationalError as e:
+            # locked past the busy timeout, or an I/O error: not corruption, keep the file
+            raise CacheError(f"Carnator cache index {self.db_path} is unavailable ({e}); the "
+                             "request runs without reuse") from e
         except sqlite3.DatabaseError as e:
             self._quarantine_database(str(e))
 
@@ -327,9 +333,16 @@ class TrajectoryCache:
             return None
         row["signature"] = payload["signature"].numpy().astype(np.float32).tobytes()
         row["bytes"] = final.stat().st_size
-        with self._write() as db:
-            db["entries"].insert(row, pk="id", replace=True)
-        self.evict_to_capacity()
+        try:
+            with self._write() as db:
+                db["entries"].insert(row, pk="id", replace=True)
+        except sqlite3.Error:
+            final.unlink(missing_ok=True)  # no row, no file: the folder stays consistent
+            raise
+        try:
+            self.evict_to_capacity()
+        except sqlite3.Error as e:  # the entry is stored; eviction runs again next time
+            self._report(f"eviction postponed ({e})")
         return entry_id
 
     def record_use(self, entry_id: str, steps_saved: float) -> None:

@@ -192,7 +192,7 @@ def open_cache(folder: str, capacity_bytes: int) -> tuple[TrajectoryCache | None
     """The cache, or None with a message a person can act on (the request still runs)."""
     try:
         return TrajectoryCache(folder, capacity_bytes), None
-    except CacheError as e:
+    except (CacheError, sqlite3.Error, OSError) as e:
         log.warning("Carnator: %s", e)
         return None, str(e)
 

@@ -144,3 +144,31 @@ def test_eviction_by_utility_keeps_pinned_and_useful_entries(tmp_path):
     assert sorted(evicted) == sorted(ids[2:])
     assert {r["id"] for r in cache.list_entries()} == set(ids[:2])
     assert not cache.tensor_path(ids[2]).exists()
+
+
+def test_a_locked_index_is_not_mistaken_for_corruption(tmp_path, monkeypatch):
+    """Another process holding the write lock past the busy timeout: readers still work
+    (WAL), the write is reported and rolled back, nothing is quarantined."""
+    from carnator_core.cache import TrajectoryCache
+    from carnator_core.pipeline import guarded
+    folder = tmp_path / "cache"
+    cache = TrajectoryCache(folder)
+    kept = cache.store({"class_key": "k", "exact_key": "a"}, {"final": torch.zeros(1, 4, 2, 8, 8)},
+                       torch.ones(8))
+    monkeypatch.setattr(TrajectoryCache, "busy_timeout_s", 0.2)
+    holder = sqlite3.connect(folder / "carnator.sqlite", isolation_level=None)
+    holder.execute("BEGIN IMMEDIATE")  # a writer that does not let go
+    try:
+        reopened = TrajectoryCache(folder)          # reading is not blocked
+        assert reopened.get(kept) is not None
+        stored = guarded(reopened, "storing the trajectory", reopened.store,
+                         {"class_key": "k", "exact_key": "b"}, {"final": torch.zeros(1, 4, 2, 8, 8)},
+                         torch.ones(8))
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+    assert stored is None
+    assert any("locked" in m for m in reopened.reports), reopened.reports
+    assert not (folder / "quarantine").exists()
+    assert _rows(folder) == [kept]
+    assert [p.stem for p in (folder / "tensors").glob("*.safetensors")] == [kept]
