@@ -35,6 +35,6 @@ class CarnatorSampler(io.ComfyNode):
         settings.sparse = sparse_settings(**sparse)
         pr = start_request(model, positive, negative, latent_image, seed, steps, cfg,
                            sampler_name, scheduler, settings, cache, seed_policy, label, node_id)
-        notify("phase", {"phase": "lookup"}, node_id)
+        notify("phase", {"phase": "lookup"}, node_id)  # lookup and gate run back to back
         plan, _ = pipeline.lookup_and_gate(pr)
         return finish(pr, plan, node_id)
