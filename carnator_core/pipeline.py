@@ -201,6 +201,9 @@ def probe(run, cache: TrajectoryCache | None, settings: ReuseSettings,
           cache_message: str | None = None, prompt: str = "") -> ProbeResult:
     """Exact-repeat check, then the request's own first P steps with evidence collection."""
     t0 = time.perf_counter()
+    if len(run.latent_shape) != 5:  # image models: nothing to reuse across frames and tiles
+        cache, cache_message = None, (f"Carnator reuses video latents (B×C×T×H×W); this "
+                                      f"{len(run.latent_shape)}-D latent runs without reuse")
     klass = run.compatibility_class()
     exact_key = run.exact_key(klass)
     p = settings.probe_steps(run.steps)
