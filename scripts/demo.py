@@ -6,6 +6,8 @@ row per request: hit or miss, steps computed, seconds, and the speedup against t
 backbone's first (miss) request measured in the same process, after one untimed warm-up
 pair per backbone (model load, kernel compile). Rows go to out/demo.json.
 
+A plain KSampler run of the same size per backbone gives the miss overhead (wall time).
+
 The tiny models have random weights: this shows the mechanics and the step savings at a
 size where the model dominates the time, not output quality (see the benchmark issues).
 """
@@ -45,6 +47,16 @@ def workflow(backbone: str, prompt: str, label: str, steps: int, seed: int) -> d
     return wf
 
 
+def plain_ksampler(backbone: str, prompt: str, steps: int, seed: int) -> dict:
+    """The same request through ComfyUI's own KSampler: the reference for miss overhead."""
+    wf = workflow(backbone, prompt, "", steps, seed)
+    i = wf["5"]["inputs"]
+    wf["5"] = {"class_type": "KSampler", "inputs": {
+        k: i[k] for k in ("model", "positive", "negative", "latent_image", "seed", "steps", "cfg",
+                          "sampler_name", "scheduler")} | {"denoise": 1.0}}
+    return wf
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=30)
@@ -63,6 +75,9 @@ def main() -> int:
             for prompt in (BASE, BASE + " slowly"):
                 server.run(workflow(backbone, prompt, "", args.steps, seed=1), timeout=900)
             miss_seconds = None
+            t0 = time.perf_counter()
+            server.run(plain_ksampler(backbone, "a green cone slides down a hill", args.steps, 2026), timeout=900)
+            ksampler_wall = time.perf_counter() - t0
             for what, prompt, label in SEQUENCE:
                 t0 = time.perf_counter()
                 history = server.run(workflow(backbone, prompt, label, args.steps, seed=2026), timeout=900)
@@ -76,8 +91,16 @@ def main() -> int:
                     "steps_computed": summary["steps_computed"], "steps_total": summary["steps_total"],
                     "seconds": round(summary["seconds"], 3), "wall_seconds": round(wall, 3),
                     "speedup_vs_first": round(miss_seconds / max(summary["seconds"], 1e-6), 2),
-                    "risk": summary["risk"], "entry_id": summary["entry_id"]})
+                    "risk": summary["risk"], "entry_id": summary["entry_id"],
+                    "ksampler_wall_seconds": round(ksampler_wall, 3)})
                 print_row(rows[-1], header=len(rows) == 1)
+    for r in rows:
+        if r["outcome"] == "miss":
+            r["miss_overhead_vs_ksampler"] = round(r["wall_seconds"] / r["ksampler_wall_seconds"], 2)
+    misses = [r for r in rows if "miss_overhead_vs_ksampler" in r]
+    print("\nmiss wall time / plain KSampler wall time (same size and steps, same process):")
+    for r in misses:
+        print(f"  {r['backbone']:14} {r['request']:15} {r['miss_overhead_vs_ksampler']:.2f}x")
     out.mkdir(parents=True, exist_ok=True)
     (out / "demo.json").write_text(json.dumps({"steps": args.steps, "rows": rows}, indent=2))
     print(f"\nwrote {out / 'demo.json'}")
