@@ -1,0 +1,199 @@
+"""Calibrate the gate's risk model on the tiny world (DESIGN.md §2.4, issue 5 item 6).
+
+    nice -n 10 .venv/bin/python bench/calibrate.py                 # bench/workloads/calibration.jsonl
+    .venv/bin/python bench/calibrate.py --limit-pairs 20 --cache /tmp/c   # a quick one
+
+For each pair of requests in the calibration workload (same seed, lines grouped by
+``group``) and in both directions (request ← candidate), it computes both requests in full,
+takes the gate's evidence for the request against the candidate at the probe step exactly as
+``carnator_core.gate.evidence`` does in the pipeline (same signatures, same region threshold),
+then *actually reuses* the candidate at every stored depth k the gate may choose — the
+candidate's x_k outside the region M, the request's own re-noised probe x̂0 inside it, as
+``pipeline._start_from_candidate`` does — and finishes the request. The reuse is labelled
+"exceeds tolerance" when its PSNR against the request's own full computation is below
+--psnr-bound or the checker disagrees with the prompt where the full computation agrees.
+
+The fitted ``RiskModel`` is saved where the gate loads it, ``<cache>/calibration/<model
+fingerprint>.json`` (``--cache``, default ComfyUI's Carnator cache folder), with a copy in
+bench/results/calibration/ (the benchmark picks that copy up) and a report in
+bench/results/calibration_report.json: held-out (by pair) false-accept rate of the gate's
+decision rule at α ∈ {0.02, 0.05, 0.10}. Sparse attention is not used in these reuses (the
+benchmark's Carnator runs dense by default as well).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import shutil
+import sys
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+for p in (os.path.join(REPO, "tests"), REPO):
+    if p not in sys.path:
+        sys.path.insert(0, p)
+
+import torch  # noqa: E402
+
+from carnator_core import calibration as CAL  # noqa: E402
+
+RESULTS = os.path.join(REPO, "bench", "results")
+
+
+def measure_pairs(world, lines: list[dict], settings, psnr_bound: float, region_threshold: float,
+                  log=print) -> list[dict]:
+    """Instances (see carnator_core.calibration) for every pair, both directions."""
+    from bench_tw import World, check_ok, psnr  # noqa: F401  (module alias set in main)
+    from carnator_core.gate import evidence
+    from carnator_core.signature import tiles_to_latent_mask
+    steps = world.steps
+    p = settings.probe_steps(steps)
+    snaps = settings.snapshot_steps(steps)
+    lo = max(p, math.ceil(settings.gate.min_depth * steps))
+    hi = math.floor(settings.gate.max_depth * steps)
+    depths = [k for k in snaps if lo <= k <= hi]
+    groups: dict = {}
+    for ln in lines:
+        groups.setdefault(ln.get("group", ln["seed"]), []).append(ln)
+    instances = []
+    t0 = time.time()
+    for gi, (g, members) in enumerate(groups.items()):
+        if len(members) < 2:
+            continue
+        full = []
+        for ln in members[:2]:
+            policy = ln.get("seed_policy", "same_seed")
+            r = world.full(ln["prompt"], int(ln["seed"]), policy, snaps, p)
+            r["ok"] = check_ok(r["video"], ln["prompt"])
+            r["policy"] = policy
+            full.append(r)
+        for (a, la), (b, lb) in (((full[1], members[1]), (full[0], members[0])),
+                                 ((full[0], members[0]), (full[1], members[1]))):
+            # request a (prompt la) reuses candidate b
+            new_sig = a["record"].signature(p - 1)
+            old_sig = b["record"].signature(p - 1)
+            sim = float(torch.dot(new_sig.global_vector(), old_sig.global_vector()))
+            feats, region = evidence(new_sig, old_sig, sim, region_threshold)
+            inst = {"group": g, "kind": la.get("kind"), "prompt": la["prompt"],
+                    "candidate_prompt": lb["prompt"], "features": feats, "depths": []}
+            if feats["region_fraction"] <= settings.gate.max_region_fraction:
+                for k in depths:
+                    run = world.new_run(la["prompt"], int(la["seed"]), a["policy"])
+                    x_k = b["record"].snapshots[k].float()
+                    if bool(region.any()):
+                        mask = tiles_to_latent_mask(region, a["record"].grid, run.latent_shape)
+                        own = run.renoise(a["x0_probe"], k)
+                        x_k = torch.lerp(x_k, own, mask.to(x_k.device))
+                    out = world.resume(run, x_k, k)
+                    v = world.video(out)
+                    q = psnr(v, a["video"])
+                    ok = check_ok(v, la["prompt"])
+                    inst["depths"].append({"k": k, "depth_fraction": k / steps, "psnr": q,
+                                           "ok": ok, "ok_reference": a["ok"],
+                                           "label": CAL.exceeds_tolerance(q, a["ok"], ok, psnr_bound)})
+            instances.append(inst)
+        if (gi + 1) % 10 == 0:
+            log(f"  {gi + 1}/{len(groups)} pairs, {time.time() - t0:.0f} s", flush=True)
+    return instances
+
+
+def main(argv=None) -> dict:
+    ap = argparse.ArgumentParser(description="Fit the gate's risk model on the tiny world")
+    ap.add_argument("--workload", default="calibration")
+    ap.add_argument("--limit-pairs", type=int, default=None)
+    ap.add_argument("--model", default=None)
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--cfg", type=float, default=4.0)
+    ap.add_argument("--psnr-bound", type=float, default=30.0)
+    ap.add_argument("--holdout", type=float, default=0.3)
+    ap.add_argument("--cache", default=None, help="Carnator cache folder (default: ComfyUI's)")
+    ap.add_argument("--results", default=RESULTS)
+    ap.add_argument("--instances", default=None,
+                    help="re-fit from a saved measurements file instead of measuring")
+    ap.add_argument("--threads", type=int, default=1)
+    a = ap.parse_args(argv)
+
+    if "bench_tw" not in sys.modules:
+        _load_bench()
+    from bench_tw import DEFAULT_MODEL, World, load_workload
+    from carnator_core.gate import GateSettings, RiskModel
+    from carnator_core.pipeline import ReuseSettings
+    world = World(a.model or DEFAULT_MODEL, steps=a.steps, cfg=a.cfg, threads=a.threads)
+    fp = world.fingerprint
+    settings = ReuseSettings(probe_fraction=0.1, snapshot_count=6, gate=GateSettings())
+    region_threshold = RiskModel().region_threshold
+    os.makedirs(a.results, exist_ok=True)
+    meas_path = os.path.join(a.results, "calibration_measurements.jsonl")
+    t0 = time.time()
+    if a.instances:
+        instances = CAL.load_instances(a.instances)
+    else:
+        _, lines = load_workload(a.workload)
+        if a.limit_pairs:
+            keep = []
+            for ln in lines:
+                g = ln.get("group", ln["seed"])
+                if g not in keep:
+                    keep.append(g)
+            keep = set(keep[:a.limit_pairs])
+            lines = [ln for ln in lines if ln.get("group", ln["seed"]) in keep]
+        print(f"measuring {len(lines)} requests …", flush=True)
+        instances = measure_pairs(world, lines, settings, a.psnr_bound, region_threshold)
+        CAL.save_instances(instances, meas_path)
+    train, held = CAL.split(instances, a.holdout)
+    model = CAL.fit(train, region_threshold)
+    rows, labels = CAL.rows_of(instances)
+    report = {
+        "model_fingerprint": fp, "psnr_bound": a.psnr_bound, "steps": a.steps, "cfg": a.cfg,
+        "instances": len(instances), "measured_reuses": len(rows),
+        "exceeded_tolerance": sum(labels),
+        "train_instances": len(train), "heldout_instances": len(held),
+        "risk_model": {"weights": model.weights, "bias": model.bias,
+                       "region_threshold": model.region_threshold, "source": model.source},
+        "heldout": CAL.evaluate(model, held, max_region_fraction=settings.gate.max_region_fraction),
+        "train": CAL.evaluate(model, train, max_region_fraction=settings.gate.max_region_fraction),
+        "prior_heldout": CAL.evaluate(RiskModel(), held, max_region_fraction=settings.gate.max_region_fraction),
+        "by_kind": {},
+        "seconds": round(time.time() - t0, 1),
+    }
+    for inst in instances:
+        k = inst.get("kind") or "?"
+        d = report["by_kind"].setdefault(k, {"instances": 0, "reuses": 0, "exceeded": 0, "gated_out": 0})
+        d["instances"] += 1
+        d["reuses"] += len(inst["depths"])
+        d["exceeded"] += sum(x["label"] for x in inst["depths"])
+        d["gated_out"] += int(not inst["depths"])
+    cache = a.cache
+    if cache is None:
+        from carnator_core.comfy_adapter import default_cache_folder
+        cache = default_cache_folder()
+    path = CAL.save(model, cache, fp)
+    copy = CAL.save(model, a.results, fp)
+    report["saved"] = [str(path), os.path.relpath(str(copy), REPO)]
+    with open(os.path.join(a.results, "calibration_report.json"), "w") as f:
+        json.dump(report, f, indent=1)
+    print(f"{len(instances)} candidate pairs, {len(rows)} measured reuses, "
+          f"{sum(labels)} exceeded tolerance (PSNR < {a.psnr_bound} dB or checker)")
+    print(f"risk model: {model.source}")
+    print(f"{'alpha':>6s} {'accepted':>9s} {'accept%':>8s} {'FA rate':>8s} {'FA up95':>8s} holds")
+    for k, v in report["heldout"].items():
+        print(f"{v['alpha']:6.2f} {v['accepted']:9d} {100 * v['accept_rate']:7.1f}% "
+              f"{100 * v['false_accept_rate']:7.1f}% {100 * v['false_accept_upper95']:7.1f}% {v['holds']}")
+    print(f"saved {path} (gate loads it) and {copy}")
+    return report
+
+
+def _load_bench():
+    """bench/tinyworld.py as a module (its name clashes with the tinyworld package)."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("bench_tw", os.path.join(REPO, "bench", "tinyworld.py"))
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["bench_tw"] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+if __name__ == "__main__":
+    main()

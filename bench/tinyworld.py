@@ -1,0 +1,548 @@
+"""Tiny-world benchmark: full computation vs a text-similarity baseline vs Carnator.
+
+    nice -n 10 .venv/bin/python bench/tinyworld.py iterate serve            # full run
+    .venv/bin/python bench/tinyworld.py iterate --limit 30                  # a quick look
+
+Every system runs in this one process on the same ComfyUI model (the committed tiny Wan 2.1
+model by default), so time ratios are comparable (DESIGN.md §4):
+
+- ``full``: every request computed in full — the reference for fidelity. Under the
+  ``shared_noise`` seed policy the reference uses the request's pool noise, as Carnator does.
+- ``text``: a NIRVANA/Chorus-style cross-request cache. The most similar earlier request
+  with the same noise frame (sentence-embedding cosine, tinyworld.text.sentence_embedding)
+  is reused at a skip depth chosen by its similarity band, without verification; an identical
+  prompt returns the stored result (exact repeat, as Carnator does). Bands for a threshold τ:
+  cos ≥ τ+2δ → deepest stored depth, ≥ τ+δ → middle, ≥ τ → shallow, δ = (1−τ)/3. Each
+  request's reuse at each band depth is computed once, so the whole τ sweep is exact and
+  cheap. The store holds the earlier requests' *reference* trajectories (which favours the
+  baseline slightly: it never reuses a reuse).
+- ``carnator``: ``carnator_core.comfy_adapter.run_request`` — probe, lookup, risk-aware gate,
+  reuse — with its own cache per risk budget (the sweep), the calibrated risk model for this
+  model fingerprint when one exists (bench/calibrate.py), else the uncalibrated prior.
+  Sparse attention is off by default (``--sparse`` turns it on): on a 256-token CPU model
+  the block-sparse kernel cannot pay off and the study here is the gate.
+
+Metrics (DESIGN.md §4), per system: hit_rate (accepted reuses incl. exact repeats / all),
+false_accept_rate (accepted reuses whose result misses tolerance: PSNR vs the reference
+below --psnr-bound, or the checker disagreeing with the prompt where the reference agrees),
+hit_speedup and workload_speedup (wall-time ratios to the reference), miss_overhead (extra
+time on misses), psnr_hits_mean / ssim_hits_mean (gate hits, exact repeats excluded),
+checker_accuracy / checker_accuracy_full (all attributes right, system vs reference), plus
+gate_* variants that leave exact repeats out.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import shutil
+import sys
+import tempfile
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+for p in (os.path.join(REPO, "tests"), REPO):  # REPO first: the tinyworld package, not this file
+    if p not in sys.path:
+        sys.path.insert(0, p)
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+DEFAULT_MODEL = os.path.join(REPO, "models", "tinyworld", "carnator_tinyworld_wan21.safetensors")
+WORKLOADS = os.path.join(REPO, "bench", "workloads")
+RESULTS = os.path.join(REPO, "bench", "results")
+BUDGETS = (0.01, 0.02, 0.05, 0.1, 0.2, 0.35, 0.5)
+THRESHOLDS = (0.5, 0.6, 0.7, 0.75, 0.8, 0.85, 0.9, 0.93, 0.96, 0.98, 0.99)
+NOISE_POOL = 4  # ComfyRun's shared_noise pool
+
+
+# ------------------------------------------------------------------ shared helpers
+def load_workload(name_or_path: str, limit: int | None = None) -> tuple[str, list[dict]]:
+    path = name_or_path if os.path.isfile(name_or_path) else os.path.join(WORKLOADS, f"{name_or_path}.jsonl")
+    name = os.path.splitext(os.path.basename(path))[0]
+    with open(path) as f:
+        lines = [json.loads(line) for line in f if line.strip()]
+    return name, lines[:limit] if limit else lines
+
+
+def psnr(a: torch.Tensor, b: torch.Tensor, cap: float = 100.0) -> float:
+    mse = float(((a.float() - b.float()) ** 2).mean())
+    return cap if mse <= 10 ** (-cap / 10) else min(cap, 10 * math.log10(1.0 / mse))
+
+
+def ssim(a: torch.Tensor, b: torch.Tensor, win: int = 7) -> float:
+    """Mean SSIM over frames and channels of (3, T, H, W) videos in [0, 1], uniform window."""
+    x = a.float().reshape(-1, 1, *a.shape[-2:])
+    y = b.float().reshape(-1, 1, *b.shape[-2:])
+    c1, c2 = 0.01 ** 2, 0.03 ** 2
+    mu_x, mu_y = F.avg_pool2d(x, win, 1), F.avg_pool2d(y, win, 1)
+    sxx = F.avg_pool2d(x * x, win, 1) - mu_x ** 2
+    syy = F.avg_pool2d(y * y, win, 1) - mu_y ** 2
+    sxy = F.avg_pool2d(x * y, win, 1) - mu_x * mu_y
+    s = ((2 * mu_x * mu_y + c1) * (2 * sxy + c2)) / ((mu_x ** 2 + mu_y ** 2 + c1) * (sxx + syy + c2))
+    return float(s.mean())
+
+
+def noise_frame(seed: int, policy: str) -> str:
+    return f"pool:{seed % NOISE_POOL}" if policy == "shared_noise" else f"seed:{seed}"
+
+
+class World:
+    """The ComfyUI tiny-world model plus everything a request needs."""
+
+    def __init__(self, model_path: str = DEFAULT_MODEL, steps: int = 20, cfg: float = 4.0,
+                 sampler: str = "euler", scheduler: str = "simple", threads: int = 1):
+        from comfy_host import import_comfy
+        import_comfy()
+        torch.set_num_threads(threads)
+        import comfy.sd
+        from tinyworld import world as WD
+        self.model_path = model_path
+        self.model = comfy.sd.load_diffusion_model(model_path)
+        self.steps, self.cfg, self.sampler, self.scheduler = steps, cfg, sampler, scheduler
+        self.latent_shape = (1, 16, WD.T, WD.H // 2, WD.W // 2)
+        self._cond: dict[str, list] = {}
+        self.negative = self.cond("")
+
+    def cond(self, prompt: str):
+        if prompt not in self._cond:
+            from tinyworld import text as TXT
+            self._cond[prompt] = TXT.conditioning(prompt)
+        return self._cond[prompt]
+
+    def latent(self) -> dict:
+        return {"samples": torch.zeros(self.latent_shape)}
+
+    @property
+    def fingerprint(self) -> str:
+        from carnator_core.comfy_adapter import model_fingerprint
+        return model_fingerprint(self.model)
+
+    def new_run(self, prompt: str, seed: int, policy: str):
+        from carnator_core.comfy_adapter import ComfyRun
+        return ComfyRun(self.model, self.cond(prompt), self.negative, self.latent(), seed,
+                        self.steps, self.cfg, self.sampler, self.scheduler, seed_policy=policy)
+
+    @staticmethod
+    def video(samples: torch.Tensor) -> torch.Tensor:
+        from tinyworld import latent as LAT
+        return LAT.decode_comfy(samples.float(), clamp=True)[0]
+
+    def full(self, prompt: str, seed: int, policy: str, snapshot_steps=(), probe_steps: int = 2) -> dict:
+        """The request computed in full, with its trajectory recorded (snapshots, tiles)."""
+        from carnator_core.pipeline import TrajectoryRecord
+        t0 = time.perf_counter()
+        run = self.new_run(prompt, seed, policy)
+        record = TrajectoryRecord(run, list(snapshot_steps))
+        stash = {}
+
+        def on_step(step, x, x0):
+            record.on_step(step, x, x0)
+            if step == probe_steps - 1:
+                stash["x0_probe"] = x0.detach().clone()
+
+        final = run.sample(0, run.steps, None, on_step, capture_steps=set(range(probe_steps)))
+        seconds = time.perf_counter() - t0
+        return {"run": run, "record": record, "final": final, "seconds": seconds,
+                "x0_probe": stash.get("x0_probe"), "video": self.video(final)}
+
+    def resume(self, run, x_k_sampler_space: torch.Tensor, k: int) -> torch.Tensor:
+        """Finish ``run`` from a sampler-space latent at step k (the reuse path)."""
+        start = run.boundary_from_sampler_space(x_k_sampler_space, k)
+        return run.sample(k, run.steps, start)
+
+
+ATTRS = ("shape", "colour", "position", "motion", "count")
+
+
+def check_ok(video: torch.Tensor, prompt: str, attrs: dict | None = None) -> bool:
+    """Checker verdict (all attributes right); per-attribute agreement into ``attrs``."""
+    from tinyworld import checker as CH
+    res = CH.check(video, prompt)
+    if attrs is not None:
+        attrs.update({a: float(res[a]) for a in ATTRS})
+    return bool(res["all"] >= 1.0)
+
+
+# ------------------------------------------------------------------ metrics
+def metrics(recs: list[dict], psnr_bound: float) -> dict:
+    n = len(recs)
+
+    def fa(r):
+        return r["psnr"] < psnr_bound or (r["ok_full"] and not r["ok"])
+
+    acc = [r for r in recs if r["outcome"] in ("hit", "exact")]
+    gate = [r for r in recs if r["outcome"] == "hit"]
+    miss = [r for r in recs if r["outcome"] == "miss"]
+
+    def ratio(rs, num, den):
+        d = sum(r[den] for r in rs)
+        return sum(r[num] for r in rs) / d if rs and d > 0 else None
+
+    def mean(xs):
+        xs = list(xs)
+        return sum(xs) / len(xs) if xs else None
+
+    mo = ratio(miss, "t", "t_full")
+    return {
+        "requests": n,
+        "hit_rate": len(acc) / n if n else 0.0,
+        "exact_rate": (len(acc) - len(gate)) / n if n else 0.0,
+        "gate_hit_rate": len(gate) / n if n else 0.0,
+        "false_accept_rate": (sum(fa(r) for r in acc) / len(acc)) if acc else 0.0,
+        "gate_false_accept_rate": (sum(fa(r) for r in gate) / len(gate)) if gate else 0.0,
+        "false_accepts": sum(fa(r) for r in acc),
+        "hit_speedup": ratio(acc, "t_full", "t"),
+        "gate_hit_speedup": ratio(gate, "t_full", "t"),
+        "steps_speedup_hits": ratio(gate, "steps_total", "steps_computed"),
+        "workload_speedup": ratio(recs, "t_full", "t"),
+        "miss_overhead": (mo - 1.0) if mo is not None else None,
+        "psnr_hits_mean": mean(r["psnr"] for r in gate),
+        "ssim_hits_mean": mean(r["ssim"] for r in gate),
+        "psnr_all_mean": mean(r["psnr"] for r in recs),
+        "checker_accuracy": mean(float(r["ok"]) for r in recs),
+        "checker_accuracy_full": mean(float(r["ok_full"]) for r in recs),
+        "checker_accuracy_hits": mean(float(r["ok"]) for r in acc),
+        "checker_accuracy_full_on_hits": mean(float(r["ok_full"]) for r in acc),
+        "checker_attributes": {a: mean(r["attrs"][a] for r in recs if "attrs" in r) for a in ATTRS}
+        if any("attrs" in r for r in recs) else None,
+        "checker_attributes_full": {a: mean(r["attrs_full"][a] for r in recs if "attrs_full" in r) for a in ATTRS}
+        if any("attrs_full" in r for r in recs) else None,
+    }
+
+
+# ------------------------------------------------------------------ systems
+def run_reference(world: World, lines: list[dict], snapshot_steps, probe_steps) -> list[dict]:
+    refs = []
+    for i, ln in enumerate(lines):
+        policy = ln.get("seed_policy", "same_seed")
+        r = world.full(ln["prompt"], int(ln["seed"]), policy, snapshot_steps, probe_steps)
+        r["attrs"] = {}
+        r["ok"] = check_ok(r["video"], ln["prompt"], r["attrs"])
+        r["frame"] = noise_frame(int(ln["seed"]), policy)
+        r["policy"] = policy
+        refs.append(r)
+    return refs
+
+
+def run_text(world: World, lines, refs, band_depths, thresholds, psnr_bound) -> tuple[list, dict]:
+    """Measure every request's reuse at every band depth once; evaluate the τ sweep."""
+    from tinyworld import text as TXT
+    steps = world.steps
+    per = []  # per request: best match and its results at each depth
+    embs: list[torch.Tensor] = []
+    for i, ln in enumerate(lines):
+        t0 = time.perf_counter()
+        e = TXT.sentence_embedding([ln["prompt"]])[0]
+        same = [j for j in range(i) if refs[j]["frame"] == refs[i]["frame"]]
+        best, sim = None, -1.0
+        for j in same:
+            s = float(torch.dot(e, embs[j]))
+            if s > sim:
+                best, sim = j, s
+        t_lookup = time.perf_counter() - t0
+        embs.append(e)
+        item = {"match": best, "sim": sim, "t_lookup": t_lookup, "depths": {}, "exact": False}
+        if best is not None and lines[best]["prompt"] == ln["prompt"]:
+            item["exact"] = True
+        elif best is not None:
+            for k in band_depths:
+                t0 = time.perf_counter()
+                run = world.new_run(ln["prompt"], int(ln["seed"]), refs[i]["policy"])
+                out = world.resume(run, refs[best]["record"].snapshots[k].to(torch.float32), k)
+                t = time.perf_counter() - t0 + t_lookup
+                v = world.video(out)
+                attrs = {}
+                item["depths"][k] = {"t": t, "psnr": psnr(v, refs[i]["video"]),
+                                     "ssim": ssim(v, refs[i]["video"]),
+                                     "ok": check_ok(v, ln["prompt"], attrs), "attrs": attrs,
+                                     "steps_computed": steps - k}
+        per.append(item)
+
+    def records_for(tau):
+        delta = (1.0 - tau) / 3.0
+        recs = []
+        for i, item in enumerate(per):
+            base = {"t_full": refs[i]["seconds"], "ok_full": refs[i]["ok"], "steps_total": steps,
+                    "attrs": refs[i]["attrs"], "attrs_full": refs[i]["attrs"]}
+            if item["exact"]:
+                recs.append({**base, "outcome": "exact", "t": item["t_lookup"] + 1e-4, "psnr": 100.0,
+                             "ssim": 1.0, "ok": refs[i]["ok"], "steps_computed": 0})
+                continue
+            k = None
+            if item["match"] is not None:
+                if item["sim"] >= tau + 2 * delta:
+                    k = band_depths[-1]
+                elif item["sim"] >= tau + delta:
+                    k = band_depths[len(band_depths) // 2]
+                elif item["sim"] >= tau:
+                    k = band_depths[0]
+            if k is None:
+                recs.append({**base, "outcome": "miss", "t": refs[i]["seconds"] + item["t_lookup"],
+                             "psnr": 100.0, "ssim": 1.0, "ok": refs[i]["ok"], "steps_computed": steps})
+            else:
+                d = item["depths"][k]
+                recs.append({**base, "outcome": "hit", **d})
+        return recs
+
+    sweep = {}
+    for tau in thresholds:
+        recs = records_for(tau)
+        sweep[tau] = (metrics(recs, psnr_bound), recs)
+    return per, sweep
+
+
+def run_carnator(world: World, lines, refs, budget, risk_model_path, psnr_bound, sparse: bool,
+                 workdir: str) -> tuple[dict, list[dict]]:
+    from carnator_core.comfy_adapter import run_request
+    from carnator_core.gate import GateSettings
+    from carnator_core.pipeline import ReuseSettings
+    from carnator_core.sparse_reuse import SparseSettings
+    folder = os.path.join(workdir, f"carnator_{budget:g}")
+    shutil.rmtree(folder, ignore_errors=True)
+    os.makedirs(folder)
+    if risk_model_path:
+        dst = os.path.join(folder, "calibration", f"{world.fingerprint}.json")
+        os.makedirs(os.path.dirname(dst), exist_ok=True)
+        shutil.copy(risk_model_path, dst)
+    settings = ReuseSettings(probe_fraction=0.1, snapshot_count=6,
+                             gate=GateSettings(risk_budget=budget),
+                             sparse=SparseSettings(enabled=sparse))
+    recs = []
+    for i, ln in enumerate(lines):
+        t0 = time.perf_counter()
+        samples, s = run_request(world.model, world.cond(ln["prompt"]), world.negative, world.latent(),
+                                 int(ln["seed"]), world.steps, world.cfg, world.sampler, world.scheduler,
+                                 settings, {"folder": folder, "capacity_bytes": 1 << 30},
+                                 seed_policy=refs[i]["policy"], label=ln["prompt"])
+        t = time.perf_counter() - t0
+        v = world.video(samples)
+        attrs = {}
+        recs.append({"outcome": s.outcome, "t": t, "t_full": refs[i]["seconds"],
+                     "psnr": psnr(v, refs[i]["video"]), "ssim": ssim(v, refs[i]["video"]),
+                     "ok": check_ok(v, ln["prompt"], attrs), "ok_full": refs[i]["ok"],
+                     "attrs": attrs, "attrs_full": refs[i]["attrs"],
+                     "steps_total": s.steps_total, "steps_computed": s.steps_computed,
+                     "reuse_step": s.reuse_step, "risk": s.risk,
+                     "region_fraction": s.region_fraction, "edit": ln.get("edit") or ln.get("kind")})
+    return metrics(recs, psnr_bound), recs
+
+
+def pick_text_point(text_sweep: dict, target_hit_rate: float) -> float:
+    """The τ whose hit rate is closest to the target (ties: lower false-accept rate)."""
+    return min(text_sweep, key=lambda t: (abs(text_sweep[t][0]["hit_rate"] - target_hit_rate),
+                                          text_sweep[t][0]["false_accept_rate"]))
+
+
+def _matched(budget: float, c: dict, text_sweep: dict) -> dict:
+    """One Carnator point against the text sweep: at matched hit rate, and at matched
+    (≤) false-accept rate."""
+    tau = pick_text_point(text_sweep, c["hit_rate"])
+    ok = [m for m, _ in text_sweep.values() if m["false_accept_rate"] <= c["false_accept_rate"]]
+    return {"risk_budget": budget, "carnator_hit_rate": c["hit_rate"],
+            "carnator_false_accept_rate": c["false_accept_rate"],
+            "text_threshold_at_matched_hit_rate": tau,
+            "text_hit_rate_at_matched_hit_rate": text_sweep[tau][0]["hit_rate"],
+            "text_false_accept_rate_at_matched_hit_rate": text_sweep[tau][0]["false_accept_rate"],
+            "text_best_hit_rate_at_matched_false_accept": max((m["hit_rate"] for m in ok), default=None)}
+
+
+def breakdown(recs: list[dict], psnr_bound: float) -> dict:
+    out = {}
+    for r in recs:
+        out.setdefault(r.get("edit") or "?", []).append(r)
+    return {k: {"n": len(v), "hit_rate": metrics(v, psnr_bound)["hit_rate"],
+                "false_accepts": metrics(v, psnr_bound)["false_accepts"]} for k, v in sorted(out.items())}
+
+
+# ------------------------------------------------------------------ plots
+def plot(results: dict, out_dir: str) -> list[str]:
+    series_far, series_psnr = [], []
+    for name, sw in results["sweeps"].items():
+        for system in ("text", "carnator"):
+            pts = [(p["hit_rate"], p["false_accept_rate"]) for p in sw[system]]
+            series_far.append((f"{name} {system}", sorted(pts)))
+            pts = [(p["hit_speedup"], p["psnr_hits_mean"]) for p in sw[system]
+                   if p["hit_speedup"] is not None and p["psnr_hits_mean"] is not None]
+            series_psnr.append((f"{name} {system}", sorted(pts)))
+    paths = [os.path.join(out_dir, "tinyworld_false_accept_vs_hit_rate.png"),
+             os.path.join(out_dir, "tinyworld_psnr_vs_speedup.png")]
+    specs = [(series_far, "hit rate", "false-accept rate", paths[0]),
+             (series_psnr, "speedup on hits (x)", "mean PSNR on gate hits (dB)", paths[1])]
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        for series, xl, yl, path in specs:
+            fig, ax = plt.subplots(figsize=(6, 4.5))
+            for label, pts in series:
+                if pts:
+                    ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-" if "carnator" in label else "s--", label=label)
+            ax.set_xlabel(xl), ax.set_ylabel(yl), ax.legend(fontsize=8), ax.grid(alpha=0.3)
+            fig.tight_layout(), fig.savefig(path, dpi=120), plt.close(fig)
+    except ImportError:
+        for series, xl, yl, path in specs:
+            _pil_plot(series, xl, yl, path)
+    return paths
+
+
+def _pil_plot(series, xlabel, ylabel, path, size=(640, 480)):
+    """Minimal line plot with Pillow (used when matplotlib is not installed)."""
+    from PIL import Image, ImageDraw
+    img = Image.new("RGB", size, "white")
+    d = ImageDraw.Draw(img)
+    l, t, r, b = 70, 20, size[0] - 20, size[1] - 60
+    xs = [p[0] for _, pts in series for p in pts] or [0, 1]
+    ys = [p[1] for _, pts in series for p in pts] or [0, 1]
+    x0, x1 = min(xs + [0.0]), max(xs + [1e-6])
+    y0, y1 = min(ys + [0.0]), max(ys + [1e-6])
+    x1, y1 = (x1 if x1 > x0 else x0 + 1), (y1 if y1 > y0 else y0 + 1)
+
+    def px(x, y):
+        return l + (x - x0) / (x1 - x0) * (r - l), b - (y - y0) / (y1 - y0) * (b - t)
+
+    d.rectangle([l, t, r, b], outline="black")
+    for i in range(6):
+        fx, fy = x0 + i * (x1 - x0) / 5, y0 + i * (y1 - y0) / 5
+        X, _ = px(fx, y0)
+        _, Y = px(x0, fy)
+        d.text((X - 12, b + 5), f"{fx:.2f}", fill="black")
+        d.text((5, Y - 6), f"{fy:.2f}", fill="black")
+    d.text(((l + r) // 2 - 40, b + 22), xlabel, fill="black")
+    d.text((5, 2), ylabel, fill="black")
+    colours = ["#d62728", "#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b"]
+    for i, (label, pts) in enumerate(series):
+        c = colours[i % len(colours)]
+        q = [px(*p) for p in pts]
+        if len(q) > 1:
+            d.line(q, fill=c, width=2)
+        for X, Y in q:
+            d.ellipse([X - 3, Y - 3, X + 3, Y + 3], fill=c)
+        d.text((r - 170, t + 8 + 14 * i), label, fill=c)
+    img.save(path)
+
+
+# ------------------------------------------------------------------ main
+def fmt(v, pct=False):
+    if v is None:
+        return "—"
+    return f"{100 * v:5.1f}%" if pct else f"{v:6.2f}"
+
+
+def table(results: dict) -> str:
+    cols = [("hit_rate", True), ("false_accept_rate", True), ("hit_speedup", False),
+            ("workload_speedup", False), ("miss_overhead", True), ("psnr_hits_mean", False),
+            ("ssim_hits_mean", False), ("checker_accuracy", True), ("checker_accuracy_full", True)]
+    head = f"{'workload':10s} {'system':9s} " + " ".join(f"{c[:12]:>12s}" for c, _ in cols)
+    out = [head, "-" * len(head)]
+    for name, systems in results["workloads"].items():
+        for sysname, m in systems.items():
+            out.append(f"{name:10s} {sysname:9s} " + " ".join(f"{fmt(m.get(c), p):>12s}" for c, p in cols))
+    return "\n".join(out)
+
+
+def default_risk_model(fingerprint: str) -> str | None:
+    p = os.path.join(RESULTS, "calibration", f"{fingerprint}.json")
+    return p if os.path.isfile(p) else None
+
+
+def main(argv=None) -> dict:
+    ap = argparse.ArgumentParser(description="Tiny-world benchmark (DESIGN.md §4)")
+    ap.add_argument("workloads", nargs="*", default=["iterate", "serve"],
+                    help="workload names under bench/workloads or .jsonl paths")
+    ap.add_argument("--limit", type=int, default=None, help="first N requests of each workload")
+    ap.add_argument("--model", default=DEFAULT_MODEL)
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--cfg", type=float, default=4.0)
+    ap.add_argument("--budgets", type=float, nargs="+", default=list(BUDGETS))
+    ap.add_argument("--main-budget", type=float, default=0.05)
+    ap.add_argument("--thresholds", type=float, nargs="+", default=list(THRESHOLDS))
+    ap.add_argument("--psnr-bound", type=float, default=30.0)
+    ap.add_argument("--risk-model", default="auto",
+                    help="fitted risk model json; 'auto': bench/results/calibration/<fingerprint>.json "
+                         "if present; 'prior': the uncalibrated default")
+    ap.add_argument("--sparse", action="store_true", help="Carnator with block-sparse attention")
+    ap.add_argument("--threads", type=int, default=1,
+                    help="torch threads (1 is fastest on a shared 2-core machine)")
+    ap.add_argument("--out", default=os.path.join(RESULTS, "tinyworld.json"))
+    ap.add_argument("--no-plots", action="store_true")
+    a = ap.parse_args(argv)
+
+    from carnator_core.gate import RiskModel
+    from carnator_core.pipeline import ReuseSettings
+    from carnator_core.gate import GateSettings
+    world = World(a.model, steps=a.steps, cfg=a.cfg, threads=a.threads)
+    fp = world.fingerprint
+    rm_path = default_risk_model(fp) if a.risk_model == "auto" else (None if a.risk_model == "prior" else a.risk_model)
+    rm = RiskModel.load(rm_path) if rm_path else RiskModel()
+    budgets = sorted(set(a.budgets) | {a.main_budget})
+    settings = ReuseSettings(probe_fraction=0.1, snapshot_count=6, gate=GateSettings())
+    snaps = settings.snapshot_steps(a.steps)
+    probe_steps = settings.probe_steps(a.steps)
+    band_depths = [snaps[1], snaps[len(snaps) // 2], snaps[-1]] if len(snaps) >= 3 else snaps
+    results = {"workloads": {}, "sweeps": {}, "comparison": {}, "breakdown": {},
+               "settings": {"model": os.path.relpath(a.model, REPO), "fingerprint": fp,
+                            "steps": a.steps, "cfg": a.cfg, "sampler": world.sampler,
+                            "scheduler": world.scheduler, "psnr_bound": a.psnr_bound,
+                            "budgets": budgets, "main_budget": a.main_budget,
+                            "thresholds": a.thresholds, "text_band_depths": band_depths,
+                            "snapshot_steps": snaps, "probe_steps": probe_steps,
+                            "sparse_attention": a.sparse, "limit": a.limit,
+                            "risk_model": rm.source, "risk_model_calibrated": rm.calibrated,
+                            "threads": a.threads}}
+    workdir = tempfile.mkdtemp(prefix="carnator_bench_")
+    t_start = time.time()
+    try:
+        for wl in a.workloads:
+            name, lines = load_workload(wl, a.limit)
+            print(f"[{name}] {len(lines)} requests: reference …", flush=True)
+            refs = run_reference(world, lines, snaps, probe_steps)
+            full_recs = [{"outcome": "miss", "t": r["seconds"], "t_full": r["seconds"], "psnr": 100.0,
+                          "ssim": 1.0, "ok": r["ok"], "ok_full": r["ok"], "steps_total": a.steps,
+                          "steps_computed": a.steps, "attrs": r["attrs"], "attrs_full": r["attrs"]}
+                         for r in refs]
+            print(f"[{name}] text baseline (τ sweep) …", flush=True)
+            _, text_sweep = run_text(world, lines, refs, band_depths, a.thresholds, a.psnr_bound)
+            carn = {}
+            for b in budgets:
+                print(f"[{name}] carnator α={b:g} …", flush=True)
+                carn[b] = run_carnator(world, lines, refs, b, rm_path, a.psnr_bound, a.sparse, workdir)
+            main_c = carn[a.main_budget][0]
+            tau = pick_text_point(text_sweep, main_c["hit_rate"])
+            results["workloads"][name] = {"full": metrics(full_recs, a.psnr_bound),
+                                          "text": {**text_sweep[tau][0], "threshold": tau},
+                                          "carnator": {**main_c, "risk_budget": a.main_budget}}
+            results["sweeps"][name] = {
+                "text": [{"threshold": t, **m} for t, (m, _) in text_sweep.items()],
+                "carnator": [{"risk_budget": b, **m} for b, (m, _) in carn.items()]}
+            tf, cf = text_sweep[tau][0]["false_accept_rate"], main_c["false_accept_rate"]
+            results["comparison"][name] = {
+                "note": "text point = the τ whose hit rate is closest to Carnator's at the main budget",
+                "carnator_hit_rate": main_c["hit_rate"], "text_hit_rate": text_sweep[tau][0]["hit_rate"],
+                "carnator_false_accept_rate": cf, "text_false_accept_rate": tf,
+                "text_over_carnator_false_accept": (tf / cf) if cf > 0 else (None if tf == 0 else float("inf")),
+                "carnator_false_accept_within_budget": {f"{b:g}": carn[b][0]["false_accept_rate"] <= b
+                                                        for b in budgets},
+                "matched": [_matched(b, carn[b][0], text_sweep) for b in budgets]}
+            results["breakdown"][name] = {"carnator": breakdown(carn[a.main_budget][1], a.psnr_bound),
+                                          "text": breakdown([{**r, "edit": ln.get("edit") or ln.get("kind")}
+                                                             for r, ln in zip(text_sweep[tau][1], lines)],
+                                                            a.psnr_bound)}
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    results["settings"]["seconds"] = round(time.time() - t_start, 1)
+    os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
+    if not a.no_plots:
+        results["plots"] = [os.path.relpath(p, REPO) if p.startswith(REPO) else p
+                            for p in plot(results, os.path.dirname(os.path.abspath(a.out)))]
+    with open(a.out, "w") as f:
+        json.dump(results, f, indent=1, default=lambda o: None if isinstance(o, float) and math.isnan(o) else str(o))
+    print(table(results))
+    print(f"risk model: {rm.source}")
+    print(f"wrote {a.out}")
+    return results
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,134 @@
+"""Calibration of the gate's risk model from measured reuses (DESIGN.md §2.4), plain torch.
+
+A calibration run (bench/calibrate.py) measures, for candidate pairs (request, stored entry
+with the same compatibility class), the gate's evidence features and the *true* outcome of
+reusing the entry at each stored depth k: did the result miss tolerance against the
+request's own full computation? This module turns those measurements into a fitted
+``RiskModel`` and checks it the way the gate uses it: accept the deepest depth whose
+predicted risk is ≤ α, and count how many accepted reuses actually missed tolerance.
+
+An *instance* is one (request, candidate) pair:
+``{"group": any, "features": {FEATURES without depth}, "depths": [{"k": int,
+"depth_fraction": float, "label": 0|1, "psnr": float}, ...]}``.
+"""
+from __future__ import annotations
+
+import json
+import math
+import random
+from pathlib import Path
+
+from .gate import FEATURES, RiskModel
+
+
+def exceeds_tolerance(psnr: float, checker_ok_reference: bool, checker_ok: bool,
+                      psnr_bound: float) -> int:
+    """1 when a reuse misses tolerance: PSNR vs the reference below the bound, or the
+    checker disagreeing with the prompt where the reference agrees (DESIGN.md §4)."""
+    return int(psnr < psnr_bound or (checker_ok_reference and not checker_ok))
+
+
+def rows_of(instances: list[dict]) -> tuple[list[dict], list[int]]:
+    rows, labels = [], []
+    for inst in instances:
+        for d in inst["depths"]:
+            rows.append({**inst["features"], "depth_fraction": d["depth_fraction"]})
+            labels.append(int(d["label"]))
+    return rows, labels
+
+
+def split(instances: list[dict], holdout: float = 0.3, seed: int = 0) -> tuple[list, list]:
+    """Split by group, so a pair never lands on both sides."""
+    groups = sorted({str(i["group"]) for i in instances})
+    random.Random(seed).shuffle(groups)
+    n_hold = max(1, int(round(holdout * len(groups)))) if len(groups) > 1 else 0
+    held = set(groups[:n_hold])
+    return ([i for i in instances if str(i["group"]) not in held],
+            [i for i in instances if str(i["group"]) in held])
+
+
+def fit(instances: list[dict], region_threshold: float, l2: float = 1e-3) -> RiskModel:
+    rows, labels = rows_of(instances)
+    if not rows:
+        raise ValueError("no measured reuses to calibrate on")
+    model = RiskModel.fit(rows, labels, region_threshold, l2=l2)
+    pos = sum(labels)
+    model.source = (f"fitted on {len(rows)} measured reuses ({pos} exceeded tolerance) "
+                    f"from {len(instances)} candidate pairs")
+    if pos == 0 or pos == len(labels):
+        model.source += " — WARNING: only one label class; the fit is degenerate"
+    return model
+
+
+def gate_decision(model: RiskModel, inst: dict, alpha: float, max_region_fraction: float = 0.5,
+                  min_k: int | None = None, max_k: int | None = None) -> dict | None:
+    """What the gate would accept for this instance at budget α: the deepest depth whose
+    predicted risk is within α (``gate.decide``'s rule), or None."""
+    if inst["features"]["region_fraction"] > max_region_fraction:
+        return None
+    depths = [d for d in inst["depths"]
+              if (min_k is None or d["k"] >= min_k) and (max_k is None or d["k"] <= max_k)]
+    for d in sorted(depths, key=lambda d: -d["k"]):
+        risk = model.risk({**inst["features"], "depth_fraction": d["depth_fraction"]})
+        if risk <= alpha:
+            return {**d, "risk": risk}
+    return None
+
+
+def evaluate(model: RiskModel, instances: list[dict], alphas=(0.02, 0.05, 0.10),
+             max_region_fraction: float = 0.5) -> dict:
+    """Measured false-accept rate of the gate's decisions at each α (per instance)."""
+    out = {}
+    for a in alphas:
+        acc = [gate_decision(model, i, a, max_region_fraction) for i in instances]
+        acc = [d for d in acc if d is not None]
+        bad = sum(d["label"] for d in acc)
+        n = len(acc)
+        out[f"{a:g}"] = {
+            "alpha": a, "instances": len(instances), "accepted": n,
+            "accept_rate": n / len(instances) if instances else 0.0,
+            "false_accepts": bad,
+            "false_accept_rate": bad / n if n else 0.0,
+            # one-sided 95% upper bound (Wilson), so a small sample is not over-read
+            "false_accept_upper95": _wilson_upper(bad, n),
+            "holds": (bad / n if n else 0.0) <= a,
+            "mean_depth_fraction": (sum(d["depth_fraction"] for d in acc) / n) if n else None,
+        }
+    return out
+
+
+def _wilson_upper(k: int, n: int, z: float = 1.645) -> float:
+    if n == 0:
+        return 1.0
+    p = k / n
+    centre = p + z * z / (2 * n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
+    return min(1.0, (centre + half) / (1 + z * z / n))
+
+
+def calibration_path(cache_folder: str | Path, model_fingerprint: str) -> Path:
+    """Where ``gate.risk_model_for`` looks for this model's fitted risk model."""
+    return Path(cache_folder) / "calibration" / f"{model_fingerprint}.json"
+
+
+def save(model: RiskModel, cache_folder: str | Path, model_fingerprint: str) -> Path:
+    path = calibration_path(cache_folder, model_fingerprint)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    model.save(path)
+    return path
+
+
+def save_instances(instances: list[dict], path: str | Path) -> None:
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as f:
+        for inst in instances:
+            f.write(json.dumps(inst) + "\n")
+
+
+def load_instances(path: str | Path) -> list[dict]:
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+__all__ = ["FEATURES", "exceeds_tolerance", "rows_of", "split", "fit", "gate_decision",
+           "evaluate", "calibration_path", "save", "save_instances", "load_instances"]

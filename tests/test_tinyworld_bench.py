@@ -1,0 +1,103 @@
+"""Smoke run of the tiny-world benchmark and calibration (issue 5 items 5–6).
+
+A handful of requests on the committed tiny-world model: the JSON has the documented shape,
+Carnator hits on a workload of exact pairs, and the calibration pieces fit, save and load a
+risk model the gate uses. The full runs stay out of CI (README, Results).
+"""
+import importlib.util
+import json
+import math
+import random
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+MODEL = REPO / "models" / "tinyworld" / "carnator_tinyworld_wan21.safetensors"
+METRICS = {"hit_rate", "false_accept_rate", "hit_speedup", "workload_speedup", "miss_overhead",
+           "psnr_hits_mean", "ssim_hits_mean", "checker_accuracy", "checker_accuracy_full"}
+
+
+def _bench():
+    if "bench_tw" in sys.modules:
+        return sys.modules["bench_tw"]
+    spec = importlib.util.spec_from_file_location("bench_tw", REPO / "bench" / "tinyworld.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["bench_tw"] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_workload_files_shipped():
+    for name, policy in (("iterate", "same_seed"), ("serve", "shared_noise"), ("calibration", "same_seed")):
+        lines = [json.loads(x) for x in (REPO / "bench" / "workloads" / f"{name}.jsonl").read_text().splitlines()]
+        assert len(lines) >= 200
+        assert all(isinstance(x["prompt"], str) and isinstance(x["seed"], int) for x in lines)
+        assert {x["seed_policy"] for x in lines} == {policy}
+    cal = [json.loads(x) for x in (REPO / "bench" / "workloads" / "calibration.jsonl").read_text().splitlines()]
+    other = [json.loads(x) for n in ("iterate", "serve")
+             for x in (REPO / "bench" / "workloads" / f"{n}.jsonl").read_text().splitlines()]
+    assert not {x["prompt"] for x in cal} & {x["prompt"] for x in other}
+    assert not {x["seed"] for x in cal} & {x["seed"] for x in other}
+
+
+def test_calibration_fit_save_load_and_gate_rule(tmp_path):
+    from carnator_core import calibration as CAL
+    from carnator_core.gate import RiskModel, risk_model_for
+    rng = random.Random(0)
+    instances = []
+    for g in range(60):
+        dev = rng.random()
+        feats = {"outside_mean": dev * 0.3, "outside_max": dev * 0.6, "region_fraction": 0.1 * dev,
+                 "depth_fraction": 0.0, "similarity_gap": dev * 0.2}
+        depths = [{"k": k, "depth_fraction": k / 20, "psnr": 40 - 30 * dev * k / 14,
+                   "label": int(dev * k / 14 > 0.4)} for k in (4, 8, 14)]
+        instances.append({"group": g, "features": feats, "depths": depths})
+    train, held = CAL.split(instances, 0.3)
+    assert train and held and not ({i["group"] for i in train} & {i["group"] for i in held})
+    model = CAL.fit(train, 0.35)
+    assert model.calibrated
+    rep = CAL.evaluate(model, held)
+    assert set(rep) == {"0.02", "0.05", "0.1"}
+    assert all(0.0 <= v["false_accept_rate"] <= 1.0 for v in rep.values())
+    CAL.save(model, tmp_path, "fp123")
+    loaded = risk_model_for(tmp_path, "fp123")
+    assert loaded.calibrated and loaded.weights == pytest.approx(model.weights)
+    assert not risk_model_for(tmp_path, "other").calibrated
+    assert CAL.exceeds_tolerance(25.0, True, True, 30.0) == 1
+    assert CAL.exceeds_tolerance(35.0, True, False, 30.0) == 1
+    assert CAL.exceeds_tolerance(35.0, False, False, 30.0) == 0
+
+
+@pytest.mark.skipif(not MODEL.is_file(), reason="tiny-world model not committed")
+def test_benchmark_smoke_exact_pairs(tmp_path):
+    wl = tmp_path / "exact_pairs.jsonl"
+    lines = []
+    for p, s in (("a red square in the top left moves right", 11),
+                 ("a blue circle in the bottom right moves up", 12)):
+        lines += [{"prompt": p, "seed": s, "seed_policy": "same_seed", "edit": "exact"}] * 2
+    lines.append({"prompt": "a crimson box in the top left slides to the right", "seed": 11,
+                  "seed_policy": "same_seed", "edit": "synonym"})
+    wl.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    out = tmp_path / "results" / "tinyworld.json"
+    res = _bench().main([str(wl), "--budgets", "0.05", "--main-budget", "0.05",
+                         "--thresholds", "0.8", "0.95", "--risk-model", "prior", "--steps", "10",
+                         "--out", str(out)])
+    data = json.loads(out.read_text())
+    assert set(data["workloads"]) == {"exact_pairs"}
+    systems = data["workloads"]["exact_pairs"]
+    assert set(systems) == {"full", "text", "carnator"}
+    for m in systems.values():
+        assert METRICS <= set(m)
+        assert 0.0 <= m["hit_rate"] <= 1.0 and 0.0 <= m["false_accept_rate"] <= 1.0
+    assert systems["full"]["hit_rate"] == 0.0
+    assert systems["carnator"]["hit_rate"] >= 2 / len(lines)  # both exact repeats at least
+    assert systems["carnator"]["exact_rate"] >= 2 / len(lines)
+    sw = data["sweeps"]["exact_pairs"]
+    assert [p["threshold"] for p in sw["text"]] == [0.8, 0.95]
+    assert [p["risk_budget"] for p in sw["carnator"]] == [0.05]
+    for p in data["plots"]:
+        path = Path(p) if Path(p).is_absolute() else REPO / p
+        assert path.is_file() and path.stat().st_size > 0
+    assert res["settings"]["fingerprint"] and not math.isnan(systems["carnator"]["workload_speedup"])
