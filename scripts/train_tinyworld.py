@@ -4,6 +4,12 @@
     python scripts/train_tinyworld.py --minutes 90            # train (resumes with --resume)
     python scripts/train_tinyworld.py --export                # write the ComfyUI checkpoint
     python scripts/train_tinyworld.py --eval 64               # checker accuracy via ComfyUI
+    python scripts/train_tinyworld.py --diag                  # layout-word separation, no sampling
+
+Curriculum / recipe options: ``--objects 1`` trains on the 1-object scenes of the bank only
+(and makes --eval use 1-object prompts); ``--p-high``/``--high-lo`` add samples at nearly pure
+noise, where position and motion can only come from the caption; ``--obj-weight`` up-weights the
+loss on latent cells an object covers; ``--rewarm`` re-warms the lr after a resume.
 
 The model is ComfyUI's own ``comfy.ldm.wan.model.WanModel(model_type="t2v")``, trained with
 rectified-flow matching exactly as ComfyUI's WAN21 samples it (ModelType.FLOW, CONST:
@@ -120,23 +126,44 @@ class Bank:
         self.empty = TXT.encode_states([""])[0]
 
 
-def make_batch(bank, idx, rng_np, drop_p):
-    vids = []
+def make_batch(bank, idx, rng_np, drop_p, with_masks=False):
+    vids, masks = [], []
     for i in idx:
-        v, _ = WD.render(bank.scenes[i], int(rng_np.randint(0, 2**31 - 1)))
+        v, m = WD.render(bank.scenes[i], int(rng_np.randint(0, 2**31 - 1)))
         vids.append(v)
+        masks.append(m.any(0))
     x0 = LAT.encode(torch.stack(vids))
     st = bank.states[idx].float()
     drop = torch.from_numpy(rng_np.rand(len(idx)) < drop_p)
     st[drop] = bank.empty
+    if with_masks:
+        return x0, st, torch.stack(masks)  # (B, T, H, W) union of the objects' pixels
     return x0, st
 
 
-def sample_sigmas(n, rng_np, p_shift=0.7):
+def object_weight(masks, weight, dilate=1):
+    """(B, T, H, W) pixel masks -> (B, 1, T, H/2, W/2) loss weights 1 + weight on latent cells
+    covered by an object (dilated by ``dilate`` cells), so the few object cells -- where position,
+    motion and shape live -- are not drowned by the background."""
+    m = masks.float().unsqueeze(1)  # B,1,T,H,W
+    m = torch.nn.functional.max_pool3d(m, (1, 2, 2))
+    if dilate:
+        k = 2 * dilate + 1
+        m = torch.nn.functional.max_pool3d(m, (1, k, k), stride=1, padding=(0, dilate, dilate))
+    return 1.0 + weight * m
+
+
+def sample_sigmas(n, rng_np, p_shift=0.7, p_high=0.0, high_lo=0.9):
+    """Mixture of the sampler's shift-8 schedule (p_shift), uniform s, and -- with p_high > 0 --
+    extra samples at s ~ U(high_lo, 1): the nearly pure-noise steps where the noisy input says
+    nothing about the layout, so position and motion can only come from the caption."""
     u = torch.from_numpy(rng_np.rand(n)).float()
     shifted = SHIFT * u / (1 + (SHIFT - 1) * u)
     use = torch.from_numpy(rng_np.rand(n) < p_shift)
     s = torch.where(use, shifted, u)
+    if p_high > 0:
+        hi = torch.from_numpy(high_lo + (1 - high_lo) * rng_np.rand(n)).float()
+        s = torch.where(torch.from_numpy(rng_np.rand(n) < p_high), hi, s)
     return s.clamp(1e-3, 1.0)
 
 
@@ -231,7 +258,11 @@ def train(a):
     if ema is None:
         ema = {k: v.detach().clone() for k, v in model.state_dict().items()}
     bank = Bank(a.bank, a.seed)
-    print(f"params {nparam/1e6:.2f}M bank {len(bank.captions)}", flush=True)
+    pool = np.arange(len(bank.captions))
+    if a.objects:  # curriculum: train on n-object scenes only (a filter of the same cached bank)
+        pool = np.array([i for i, sc in enumerate(bank.scenes) if len(sc["objects"]) == a.objects])
+    print(f"params {nparam/1e6:.2f}M bank {len(bank.captions)} pool {len(pool)}", flush=True)
+    step0 = state["step"]
     rng_np = np.random.RandomState(a.seed * 7919 + state["step"])
     coords = LAT.coords(WD.T, WD.H // 2, WD.W // 2, batch=a.batch)
     proj = TXT.projection()
@@ -244,19 +275,26 @@ def train(a):
     while time.time() < deadline and (a.steps <= 0 or state["step"] < a.steps):
         step = state["step"]
         lr = a.lr * min(1.0, (step + 1) / a.warmup)
+        if a.rewarm > 0:  # warm up again from the resume point (new lr / new optimizer moments)
+            lr = min(lr, a.lr * (step - step0 + 1) / a.rewarm)
         for gp in opt.param_groups:
             gp["lr"] = lr
-        idx = rng_np.randint(0, len(bank.captions), size=a.batch)
-        x0, st = make_batch(bank, idx, rng_np, a.drop)
+        idx = pool[rng_np.randint(0, len(pool), size=a.batch)]
+        x0, st, masks = make_batch(bank, idx, rng_np, a.drop, with_masks=True)
         ctx = st @ proj
-        sig = sample_sigmas(a.batch, rng_np, a.p_shift)
+        sig = sample_sigmas(a.batch, rng_np, a.p_shift, a.p_high, a.high_lo)
         noise = torch.from_numpy(rng_np.randn(*x0.shape).astype(np.float32))
         s5 = sig.view(-1, 1, 1, 1, 1)
         xt = (1 - s5) * x0 + s5 * noise
         target = noise - x0
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=a.bf16):
             out = model(torch.cat([xt, coords], dim=1), sig * 1000.0, ctx)
-        loss = (out.float() - target).pow(2).mean()
+        err = (out.float() - target).pow(2)
+        if a.obj_weight > 0:
+            w = object_weight(masks, a.obj_weight)
+            loss = (err * w).mean() / w.mean()
+        else:
+            loss = err.mean()
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -340,6 +378,59 @@ def evaluate(a):
     return res
 
 
+@torch.no_grad()
+def diagnose(a):
+    """Cheap progress signal for the layout words (no sampling): how far the model's text
+    embedding and cross-attention outputs separate captions that differ only in colour,
+    position or motion (at s = 1, pure noise), and the s = 1 loss with true / shuffled / empty
+    captions on 1-object scenes. Position and motion are a caption x coordinate interaction;
+    while their separations stay near 0 the model cannot follow those words."""
+    torch.set_num_threads(a.threads)
+    t = load_file(os.path.join(a.dir, "ckpt.safetensors"))
+    pre = "model." if a.no_ema else "ema."
+    with open(os.path.join(a.dir, "ckpt.json")) as f:
+        st = json.load(f)
+    m = build_model(st["config"])
+    m.load_state_dict({k[len(pre):]: v for k, v in t.items() if k.startswith(pre)})
+    m.eval()
+    base = {"shape": "square", "colour": "red", "position": "top left", "motion": "right"}
+    variants = {"colour": dict(base, colour="blue"), "position": dict(base, position="bottom right"),
+                "motion": dict(base, motion="down")}
+    caps = [WD.caption({"objects": [base]}, canonical=True)]
+    caps += [WD.caption({"objects": [v]}, canonical=True) for v in variants.values()]
+    ctx = TXT.encode_batch(caps)
+    emb = m.text_embedding(ctx)
+    outs = {}
+    hooks = [blk.cross_attn.register_forward_hook(lambda mod, i, o, k=k: outs.__setitem__(k, o.detach()))
+             for k, blk in enumerate(m.blocks)]
+    noise = torch.randn(1, 16, WD.T, WD.H // 2, WD.W // 2, generator=torch.Generator().manual_seed(0))
+    n = len(caps)
+    m(torch.cat([noise.repeat(n, 1, 1, 1, 1), LAT.coords(WD.T, WD.H // 2, WD.W // 2, batch=n)], 1),
+      torch.full((n,), 1000.0), ctx)
+    for h in hooks:
+        h.remove()
+    rep = {"text_embedding": {k: float((emb[0] - emb[j + 1]).norm() / emb[0].norm())
+                              for j, k in enumerate(variants)}}
+    for b, o in outs.items():
+        rep[f"block{b}_cross_attn"] = {k: float((o[0] - o[j + 1]).norm() / o[0].norm()) for j, k in enumerate(variants)}
+    bank = Bank(a.bank, a.seed)
+    idx = np.array([i for i, sc in enumerate(bank.scenes) if len(sc["objects"]) == 1][:48])
+    rng = np.random.RandomState(0)
+    x0, stt = make_batch(bank, idx, rng, 0.0)
+    proj = TXT.projection()
+    conds = {"true": stt @ proj, "shuffled": stt[torch.randperm(len(idx), generator=torch.Generator().manual_seed(1))] @ proj,
+             "empty": bank.empty.expand(len(idx), -1, -1) @ proj}
+    noise = torch.from_numpy(rng.randn(*x0.shape).astype(np.float32))
+    co = LAT.coords(WD.T, WD.H // 2, WD.W // 2, batch=len(idx))
+    for sv in (1.0, 0.9):
+        xt = (1 - sv) * x0 + sv * noise
+        rep[f"loss_s{sv}"] = {k: float((m(torch.cat([xt, co], 1), torch.full((len(idx),), sv * 1000.0), c) -
+                                         (noise - x0)).pow(2).mean()) for k, c in conds.items()}
+    print(json.dumps({"step": st["step"], "samples": st["samples"], "weights": pre[:-1], "relative_separation": rep},
+                     indent=1))
+    return rep
+
+
 def save_grid(vids, path):
     from PIL import Image
     n = vids.shape[0]
@@ -366,6 +457,12 @@ def main():
     p.add_argument("--ema", type=float, default=0.999)
     p.add_argument("--drop", type=float, default=0.12)
     p.add_argument("--p-shift", type=float, default=0.7)
+    p.add_argument("--p-high", type=float, default=0.0,
+                   help="extra fraction of samples at s ~ U(--high-lo, 1) (layout-deciding noise levels)")
+    p.add_argument("--high-lo", type=float, default=0.9)
+    p.add_argument("--obj-weight", type=float, default=0.0,
+                   help="extra loss weight on latent cells covered by an object (0: plain MSE)")
+    p.add_argument("--rewarm", type=int, default=0, help="linear lr warm-up over this many steps after resuming")
     p.add_argument("--bank", type=int, default=8192)
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--bf16", action="store_true")
@@ -378,12 +475,15 @@ def main():
     p.add_argument("--eval", type=int, default=0)
     p.add_argument("--model", default=None, help="evaluate this exported .safetensors instead of the checkpoint")
     p.add_argument("--no-ema", action="store_true")
-    p.add_argument("--objects", type=int, default=0, help="eval: 1 or 2 objects only (0: alternate)")
+    p.add_argument("--objects", type=int, default=0,
+                   help="1 or 2: only scenes with that many objects, in training (curriculum) and in --eval "
+                        "(0: training uses the whole bank, eval alternates)")
     p.add_argument("--cfg", type=float, default=4.0)
     p.add_argument("--eval-steps", type=int, default=20)
     p.add_argument("--sampler", default="euler")
     p.add_argument("--eval-seed", type=int, default=12345)
     p.add_argument("--save-png", default=None)
+    p.add_argument("--diag", action="store_true", help="print the layout-word separation diagnostics and exit")
     a = p.parse_args()
     if a.export:
         path = export(a.dir, use_ema=not a.no_ema)
@@ -392,6 +492,9 @@ def main():
         import comfy.sd
         mp = comfy.sd.load_diffusion_model(path)
         print("ComfyUI detects:", type(mp.model.model_config).__name__, mp.model.model_config.unet_config)
+        return
+    if a.diag:
+        diagnose(a)
         return
     if a.eval:
         evaluate(a)
