@@ -90,6 +90,10 @@ class LookupResult:
     reports: list[str] = field(default_factory=list)
 
 
+def _entries(n: int) -> str:
+    return f"{n} entr{'y' if n == 1 else 'ies'}"
+
+
 class TrajectoryCache:
     """A cache folder. Cheap to construct; opens connections per operation (thread-safe)."""
 
@@ -253,8 +257,8 @@ class TrajectoryCache:
             total = db.execute("SELECT count(*) FROM entries").fetchone()[0]
         if not rows:
             msg = ("cache is empty" if total == 0 else
-                   f"cache holds {total} entr{'y' if total == 1 else 'ies'}, none for this "
-                   "model, latent shape, sigma schedule, sampler, cfg and seed")
+                   f"cache holds {_entries(total)}, none for this model, latent shape, sigma "
+                   "schedule, sampler, cfg and seed")
             return LookupResult([], msg)
         query = signature.float().reshape(-1)
         scored = []
@@ -265,9 +269,10 @@ class TrajectoryCache:
                 continue  # signature layout changed (e.g. another pack version): not comparable
             scored.append(Candidate(entry, float(torch.dot(query, stored))))
         scored.sort(key=lambda c: c.similarity, reverse=True)
-        return LookupResult(scored[:top_k], f"{len(rows)} entr{'y' if len(rows) == 1 else 'ies'} "
-                            f"in this class, best similarity "
-                            f"{scored[0].similarity:.3f}" if scored else "no comparable entries")
+        if not scored:
+            return LookupResult([], "no comparable entries (signature layout differs)")
+        return LookupResult(scored[:top_k], f"{_entries(len(rows))} in this class, best "
+                            f"similarity {scored[0].similarity:.3f}")
 
     def load_tensors(self, entry_id: str, names: list[str] | None = None) -> dict[str, torch.Tensor] | None:
         """Tensors of an entry; a missing or corrupt file is quarantined and gives None."""
