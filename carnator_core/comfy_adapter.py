@@ -341,7 +341,8 @@ class ComfyRun:
             seed=self.noise_seed)
 
     def block_tokens(self, step: int) -> torch.Tensor | None:
-        return self.recorder.block_tokens.get(step)
+        """The captured tokens of ``step``, handed over once (≈200 MB a step at 480p Wan)."""
+        return self.recorder.block_tokens.pop(step, None)
 
     # latent-space conversions at segment boundaries
     def _model_sampling(self):
