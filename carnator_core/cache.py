@@ -8,7 +8,7 @@ Layout of a cache folder::
 
 Design choices:
 - Entry ids are random hex generated here; a file path is only ever built from an id read
-  back from the database and checked against ``_ID_RE`` — never from user input.
+  back from the database and checked against ``ENTRY_ID_RE`` — never from user input.
 - Every tensor file carries its own index row as JSON metadata, so a corrupt or lost
   database is *repaired* by re-indexing the files instead of losing the cache.
 - A file is written to a temporary name and renamed into place before its row is inserted:
@@ -42,7 +42,7 @@ log = logging.getLogger("carnator")
 DB_NAME = "carnator.sqlite"
 SCHEMA_VERSION = 1
 DEFAULT_CAPACITY_BYTES = 8 * 1024**3
-_ID_RE = re.compile(r"^[0-9a-f]{32}$")
+ENTRY_ID_RE = re.compile(r"^[0-9a-f]{32}$")
 
 ENTRY_COLUMNS = {
     "id": str, "class_key": str, "exact_key": str, "model_fingerprint": str,
@@ -193,7 +193,7 @@ class TrajectoryCache:
             known = {r["id"] for r in db.query("SELECT id FROM entries")}
         added = 0
         for path in sorted(self.tensor_dir.glob("*.safetensors")):
-            if path.stem in known or not _ID_RE.match(path.stem):
+            if path.stem in known or not ENTRY_ID_RE.match(path.stem):
                 continue
             try:
                 row = self._row_from_file(path)
@@ -228,12 +228,12 @@ class TrajectoryCache:
 
     # ---------------------------------------------------------------- reading
     def tensor_path(self, entry_id: str) -> Path:
-        if not _ID_RE.match(entry_id):
+        if not ENTRY_ID_RE.match(entry_id):
             raise CacheError(f"invalid cache entry id {entry_id!r}")
         return self.tensor_dir / f"{entry_id}.safetensors"
 
     def get(self, entry_id: str) -> StoredEntry | None:
-        if not _ID_RE.match(str(entry_id)):
+        if not ENTRY_ID_RE.match(str(entry_id)):
             return None
         with self._db() as db:
             rows = list(db.query("SELECT * FROM entries WHERE id = ?", [entry_id]))
@@ -369,7 +369,7 @@ class TrajectoryCache:
 
     def delete(self, entry_id: str) -> bool:
         """Remove an entry: the row first (readers stop seeing it), then its file."""
-        if not _ID_RE.match(str(entry_id)):
+        if not ENTRY_ID_RE.match(str(entry_id)):
             return False
         with self._write() as db:
             cur = db.execute("DELETE FROM entries WHERE id = ?", [entry_id])

@@ -395,14 +395,34 @@ def start_request(model, positive, negative, latent: dict, seed: int, steps: int
     return probe(run, cache, settings, cache_message=message, prompt=label)
 
 
+def _latent_format_class(name: str):
+    """ComfyUI's LatentFormat class of that name (as stored with each entry), or None."""
+    import comfy.latent_formats
+    cls = getattr(comfy.latent_formats, str(name or ""), None)
+    if isinstance(cls, type) and issubclass(cls, comfy.latent_formats.LatentFormat):
+        return cls
+    return None
+
+
+def model_space(latent: torch.Tensor, latent_format: str) -> torch.Tensor:
+    """A stored LATENT (ComfyUI's between-nodes form) → what the model and its preview
+    factors see (``process_in``), exactly as ComfyUI's own sampler previews do."""
+    cls = _latent_format_class(latent_format)
+    if cls is None:
+        return latent
+    try:
+        return cls().process_in(latent)
+    except Exception:  # noqa: BLE001 - a format whose constants don't fit: raw latent
+        return latent
+
+
 def latent_rgb_factors(latent_format: str) -> tuple[torch.Tensor, torch.Tensor | None] | None:
     """ComfyUI's latent→RGB preview factors for a latent format class name (e.g. 'Wan21').
 
     Returns (factors (C, 3), bias (3,) or None), or None when the format has none.
     """
-    import comfy.latent_formats
-    cls = getattr(comfy.latent_formats, str(latent_format), None)
-    if not (isinstance(cls, type) and issubclass(cls, comfy.latent_formats.LatentFormat)):
+    cls = _latent_format_class(latent_format)
+    if cls is None:
         return None
     fmt = cls()
     factors = getattr(fmt, "latent_rgb_factors", None)

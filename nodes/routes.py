@@ -29,8 +29,8 @@ from typing import Any, Awaitable, Callable
 import torch
 from aiohttp import web
 
-from ..carnator_core.cache import CacheError, TrajectoryCache
-from ..carnator_core.comfy_adapter import default_cache_folder, latent_rgb_factors
+from ..carnator_core.cache import ENTRY_ID_RE, CacheError, TrajectoryCache
+from ..carnator_core.comfy_adapter import default_cache_folder, latent_rgb_factors, model_space
 
 log = logging.getLogger("carnator")
 
@@ -41,7 +41,6 @@ MAX_OFFSET = 10**9
 MAX_BODY_BYTES = 4096
 PREVIEW_FRAMES = 4
 PREVIEW_FRAME_PX = 96
-_ID_RE = re.compile(r"^[0-9a-f]{32}$")
 
 # Columns a page may see. The signature blob and the internal keys stay on the server.
 PUBLIC_COLUMNS = ("id", "prompt", "backbone", "latent_format", "latent_shape", "steps", "seed",
@@ -98,7 +97,7 @@ def query_int(request: web.Request, name: str, default: int, low: int, high: int
 
 def entry_id_of(request: web.Request) -> str:
     raw = request.match_info.get("entry_id", "")
-    if not _ID_RE.fullmatch(raw):
+    if not ENTRY_ID_RE.fullmatch(raw):
         raise RequestError(400, "malformed entry id: expected 32 lowercase hexadecimal characters")
     return raw
 
@@ -150,19 +149,6 @@ def _maybe_json(text: str | None, empty: Any) -> Any:
 
 
 # ------------------------------------------------------------------ preview picture
-def model_space(latent: torch.Tensor, latent_format: str) -> torch.Tensor:
-    """A stored LATENT (ComfyUI's between-nodes form) → what the model and its preview
-    factors see (``process_in``), exactly as ComfyUI's own sampler previews do."""
-    import comfy.latent_formats
-    cls = getattr(comfy.latent_formats, str(latent_format or ""), None)
-    if isinstance(cls, type) and issubclass(cls, comfy.latent_formats.LatentFormat):
-        try:
-            return cls().process_in(latent)
-        except Exception:  # noqa: BLE001 - a format whose constants don't fit: raw latent
-            return latent
-    return latent
-
-
 def latent_to_rgb(latent: torch.Tensor, latent_format: str) -> torch.Tensor:
     """(B, C, T, H, W) or (B, C, H, W) latent → (T, H, W, 3) in [0, 1] for the first item."""
     x = latent.float()
