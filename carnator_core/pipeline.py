@@ -342,6 +342,7 @@ def _plan_attention(pr: ProbeResult, plan: Plan | None, own: Connectivity | None
     att, sparse, n = pr.run.attention, pr.settings.sparse, pr.run.steps
     att.capture_steps, att.sparse_steps, att.connectivity = set(), set(), None
     att.scores, att.score_counts, att.fresh, att.skipped = {}, {}, False, None
+    att._dense_blocks = {}
     if not sparse.enabled:
         return
     if plan is not None:

@@ -92,6 +92,7 @@ class AttentionPlan:
     dense_calls: int = 0
     fresh: bool = False  # captured since the mask was last rebuilt (refresh)
     skipped: str | None = None  # why a stored mask was not used
+    _dense_blocks: dict = field(default_factory=dict)  # region M's query blocks, per layout
 
     def classify(self, q_len: int, k_len: int, n_context: int) -> tuple[int, int] | None:
         """(image tokens, text tokens after them) for self/joint attention, else None."""
@@ -142,8 +143,12 @@ class AttentionPlan:
             padded = torch.ones(mask.shape[0], nq, nq, dtype=torch.bool)
             padded[:, :mask.shape[1], :mask.shape[2]] = mask
             mask = padded
-        tg = token_grid(n_img, self.latent_thw, VIDEO_PATCHES)
-        dense_q = region_query_blocks(self.region_tiles, self.tile_grid, tg, conn.block_size)
+        key = (n_img, conn.block_size)
+        if key not in self._dense_blocks:  # same for every layer and step of this run
+            tg = token_grid(n_img, self.latent_thw, VIDEO_PATCHES)
+            self._dense_blocks[key] = region_query_blocks(self.region_tiles, self.tile_grid, tg,
+                                                          conn.block_size)
+        dense_q = self._dense_blocks[key]
         out = sparse_attention(q, k, v, mask.to(q.device), conn.block_size,
                                dense_query_blocks=dense_q,
                                dense_token_range=(n_img, n_img + n_txt) if n_txt else None)
