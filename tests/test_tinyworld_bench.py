@@ -87,7 +87,9 @@ def test_benchmark_smoke_exact_pairs(tmp_path):
     data = json.loads(out.read_text())
     assert set(data["workloads"]) == {"exact_pairs"}
     systems = data["workloads"]["exact_pairs"]
-    assert set(systems) == {"full", "text", "carnator"}
+    assert set(systems) == {"full", "text", "carnator", "carnator_sparse"}
+    assert {"sparse_hit_share", "sparse_calls", "sparse_density_mean"} <= set(systems["carnator_sparse"])
+    assert systems["carnator_sparse"]["exact_rate"] >= 2 / len(lines)
     for m in systems.values():
         assert METRICS <= set(m)
         assert 0.0 <= m["hit_rate"] <= 1.0 and 0.0 <= m["false_accept_rate"] <= 1.0
@@ -101,3 +103,36 @@ def test_benchmark_smoke_exact_pairs(tmp_path):
         path = Path(p) if Path(p).is_absolute() else REPO / p
         assert path.is_file() and path.stat().st_size > 0
     assert res["settings"]["fingerprint"] and not math.isnan(systems["carnator"]["workload_speedup"])
+
+
+def _localization():
+    spec = importlib.util.spec_from_file_location("bench_loc", REPO / "bench" / "localization.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_localization_masks_follow_the_changed_object():
+    loc = _localization()
+    a = "a red square in the top left moves right and a blue circle in the bottom right moves up"
+    b = "a red square in the top left moves right and a green circle in the bottom right moves up"
+    changed, kept = loc.world_masks(a, b)
+    grid = (4, 8, 8)
+    tc, tk = loc.tile_mask(changed, grid).reshape(grid), loc.tile_mask(kept, grid).reshape(grid)
+    assert tc[:, 4:, 4:].any() and not tc[:, :3, :3].any()  # the circle: bottom right only
+    assert tk[:, :3, :3].any() and not tk[:, 5:, 5:].any()  # the square: top left only
+    assert loc.iou(tc.reshape(-1), tc.reshape(-1)) == 1.0
+    assert loc.iou(tc.reshape(-1), tk.reshape(-1)) == 0.0
+    assert loc.world_masks(a, a) is None  # nothing changed: no changed object
+
+
+@pytest.mark.skipif(not MODEL.is_file(), reason="tiny-world model not committed")
+def test_localization_smoke(tmp_path):
+    out = tmp_path / "localization.json"
+    res = _localization().main(["--limit", "1", "--risk-model", "prior", "--out", str(out)])
+    data = json.loads(out.read_text())
+    assert data["summary"]["pairs"] == 1 and res["summary"] == data["summary"]
+    row = data["pairs"][0]
+    assert " and " in row["anchor"] or ";" in row["anchor"] or "while" in row["anchor"]
+    if row["region_fraction"] > 0:
+        assert 0.0 <= row["iou_observed"] <= 1.0 and 0.0 <= row["iou_world"] <= 1.0
