@@ -104,7 +104,7 @@ class Bank:
 
     def __init__(self, n, seed, cache_dir="/tmp/carnator_tinyworld"):
         os.makedirs(cache_dir, exist_ok=True)
-        path = os.path.join(cache_dir, f"bank_{n}_{seed}_v2.safetensors")
+        path = os.path.join(cache_dir, f"bank_{n}_{seed}_v3.safetensors")
         rng = random.Random(seed)
         self.scenes, self.captions = [], []
         for i in range(n):
