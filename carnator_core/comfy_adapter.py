@@ -10,6 +10,7 @@ was there before.
 """
 from __future__ import annotations
 
+import inspect
 import logging
 import os
 import weakref
@@ -134,6 +135,7 @@ class StepRecorder:
     attention: AttentionPlan | None = None  # what self-attention does at each step
     n_context: int = 0                       # text tokens of the current model call
     attention_layer: int = 0                 # self-attention calls seen in this model call
+    joint_text_first: bool = False           # joint attention puts text tokens before image ones
 
     def step_of(self, sigma: torch.Tensor | None) -> int | None:
         if sigma is None:
@@ -177,6 +179,9 @@ def patched_for_recording(model, recorder: StepRecorder):
     if blocks is None:
         log.info("Carnator: no known block list on %s; signature uses x̂0 only", backbone_name(m))
         return m
+    # HunyuanVideo in ComfyUI <= 0.3.x concatenates image then text tokens (flipped_img_txt);
+    # newer releases put text first. Sparse attention slices image-first only.
+    recorder.joint_text_first = getattr(blocks[0], "flipped_img_txt", True) is False
     index = len(blocks) // 2
     replace = m.model_options.get("transformer_options", {}).get("patches_replace", {})
     previous = replace.get("dit", {}).get(("double_block", index))
@@ -194,6 +199,14 @@ def patched_for_recording(model, recorder: StepRecorder):
     return m
 
 
+def _fix_empty_latent_channels(model, latent: dict) -> torch.Tensor:
+    """As KSampler does; newer ComfyUI also resizes by the latent's downscale ratios."""
+    fix = comfy.sample.fix_empty_latent_channels
+    extra = {k: latent[k] for k in ("downscale_ratio_spacial", "downscale_ratio_temporal")
+             if k in latent and k in inspect.signature(fix).parameters}
+    return fix(model, latent["samples"], **extra)
+
+
 def install_attention_override(m, recorder: StepRecorder) -> None:
     """Route self-attention through the run's AttentionPlan; everything else, and every
     dense call, goes to the override that was already there (SageAttention, ...) or to
@@ -207,14 +220,15 @@ def install_attention_override(m, recorder: StepRecorder) -> None:
 
         plan = recorder.attention
         heads = args[3] if len(args) > 3 else kwargs.get("heads")  # Wan passes heads= by name
-        if plan is None or len(args) < 3 or heads is None or kwargs.get("mask") is not None:
-            return dense()
+        if (plan is None or len(args) < 3 or heads is None or kwargs.get("mask") is not None
+                or kwargs.get("scale") is not None or kwargs.get("enable_gqa")):
+            return dense()  # masks, custom scales and grouped heads: only the dense path knows them
         q, k, v = args[:3]
         split = kwargs.get("skip_reshape", False)
         q_len, k_len = (q.shape[2], k.shape[2]) if split else (q.shape[1], k.shape[1])
         kind = plan.classify(q_len, k_len, recorder.n_context)
-        if kind is None:
-            return dense()
+        if kind is None or (kind[1] and recorder.joint_text_first):
+            return dense()  # text-first joint attention (newer HunyuanVideo): not sliced here
         layer = recorder.attention_layer
         recorder.attention_layer += 1
         mode = plan.mode(recorder.step_of(kwargs.get("transformer_options", {}).get("sigmas")))
@@ -270,7 +284,7 @@ class ComfyRun:
             self.noise_seed, self.noise_frame = self.seed % noise_pool, f"pool:{self.seed % noise_pool}"
         else:
             self.noise_seed, self.noise_frame = self.seed, f"seed:{self.seed}"
-        self.latent_image = comfy.sample.fix_empty_latent_channels(model, latent["samples"])
+        self.latent_image = _fix_empty_latent_channels(model, latent)
         self.batch_index = latent.get("batch_index")
         self.noise = comfy.sample.prepare_noise(self.latent_image, self.noise_seed, self.batch_index)
         self.sigmas = schedule(model, scheduler, sampler_name, self.steps)

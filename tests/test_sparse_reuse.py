@@ -125,3 +125,20 @@ def test_only_video_self_attention_is_classified_for_sparse_reuse():
     assert plan.classify(1280, 32, n_context=32) is None        # cross-attention
     assert plan.classify(1280, 1280, n_context=32) == (1280, 0)  # Wan / LTX self-attention
     assert plan.classify(1312, 1312, n_context=32) == (1280, 32)  # HunyuanVideo joint
+
+
+def test_text_first_joint_attention_stays_dense(tiny_models, tmp_path):
+    """Newer ComfyUI releases put HunyuanVideo's text tokens before the image tokens; the
+    image-first slicing must not be applied to them (it would mask the wrong tokens)."""
+    hunyuan = tiny_models["hunyuan_video"]
+    blocks = hunyuan.get_model_object("diffusion_model").double_blocks
+    saved = [b.flipped_img_txt for b in blocks]
+    try:
+        for b in blocks:
+            b.flipped_img_txt = False  # ComfyUI's own text-then-image branch of the block
+        reset_sparse_call_counts()
+        _, s = sparse_hit(hunyuan, "hunyuan_video", tmp_path, keep_mass=0.5, min_density=0.1)
+        assert s.sparse_calls == 0 and sum(sparse_call_counts().values()) == 0
+    finally:
+        for b, flipped in zip(blocks, saved):
+            b.flipped_img_txt = flipped
