@@ -110,8 +110,11 @@ def main(argv=None) -> dict:
     ap.add_argument("--holdout", type=float, default=0.3)
     ap.add_argument("--cache", default=None, help="Carnator cache folder (default: ComfyUI's)")
     ap.add_argument("--results", default=RESULTS)
-    ap.add_argument("--instances", default=None,
-                    help="re-fit from a saved measurements file instead of measuring")
+    ap.add_argument("--instances", nargs="+", default=None,
+                    help="re-fit from saved measurement files instead of measuring")
+    ap.add_argument("--shard", default=None, metavar="I/N",
+                    help="measure only pair groups i, i+N, … (run N of these in parallel, then "
+                         "re-fit from their measurement files with --instances)")
     ap.add_argument("--threads", type=int, default=1)
     a = ap.parse_args(argv)
 
@@ -125,10 +128,12 @@ def main(argv=None) -> dict:
     settings = ReuseSettings(probe_fraction=0.1, snapshot_count=6, gate=GateSettings())
     region_threshold = RiskModel().region_threshold
     os.makedirs(a.results, exist_ok=True)
-    meas_path = os.path.join(a.results, "calibration_measurements.jsonl")
+    shard = tuple(int(x) for x in a.shard.split("/")) if a.shard else None
+    meas_path = os.path.join(a.results, "calibration_measurements.jsonl" if shard is None
+                             else f"calibration_measurements.{shard[0]}-of-{shard[1]}.jsonl")
     t0 = time.time()
     if a.instances:
-        instances = CAL.load_instances(a.instances)
+        instances = [i for path in a.instances for i in CAL.load_instances(path)]
     else:
         _, lines = load_workload(a.workload)
         if a.limit_pairs:
@@ -139,6 +144,10 @@ def main(argv=None) -> dict:
                     keep.append(g)
             keep = set(keep[:a.limit_pairs])
             lines = [ln for ln in lines if ln.get("group", ln["seed"]) in keep]
+        if shard:
+            groups = list(dict.fromkeys(ln.get("group", ln["seed"]) for ln in lines))
+            mine = set(groups[shard[0]::shard[1]])
+            lines = [ln for ln in lines if ln.get("group", ln["seed"]) in mine]
         print(f"measuring {len(lines)} requests …", flush=True)
         instances = measure_pairs(world, lines, settings, a.psnr_bound, region_threshold)
         CAL.save_instances(instances, meas_path)

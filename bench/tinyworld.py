@@ -459,6 +459,33 @@ def default_risk_model(fingerprint: str) -> str | None:
     return p if os.path.isfile(p) else None
 
 
+def merge(paths: list[str], out: str, plots: bool = True) -> dict:
+    """One results file from several runs of this script on different workloads."""
+    results: dict = {}
+    for p in paths:
+        with open(p) as f:
+            part = json.load(f)
+        if not results:
+            results = {k: v for k, v in part.items() if k != "plots"}
+            results["settings"] = {**part["settings"], "merged_from": [], "seconds": 0.0}
+            for key in ("workloads", "sweeps", "comparison", "breakdown"):
+                results[key] = {}
+        if part["settings"]["fingerprint"] != results["settings"]["fingerprint"]:
+            raise SystemExit(f"{p} was measured on another model; not merging")
+        for key in ("workloads", "sweeps", "comparison", "breakdown"):
+            results[key].update(part.get(key, {}))
+        results["settings"]["merged_from"].append(os.path.basename(p))
+        results["settings"]["seconds"] += part["settings"].get("seconds", 0.0)
+    if plots:
+        results["plots"] = [os.path.relpath(p, REPO) if p.startswith(REPO) else p
+                            for p in plot(results, os.path.dirname(os.path.abspath(out)))]
+    with open(out, "w") as f:
+        json.dump(results, f, indent=1)
+    print(table(results))
+    print(f"wrote {out}")
+    return results
+
+
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description="Tiny-world benchmark (DESIGN.md §4)")
     ap.add_argument("workloads", nargs="*", default=["iterate", "serve"],
@@ -480,7 +507,12 @@ def main(argv=None) -> dict:
                     help="torch threads (1 is fastest on a shared 2-core machine)")
     ap.add_argument("--out", default=os.path.join(RESULTS, "tinyworld.json"))
     ap.add_argument("--no-plots", action="store_true")
+    ap.add_argument("--merge", nargs="+", metavar="JSON",
+                    help="merge result files of separate runs (one workload each, e.g. run in "
+                         "parallel) into --out, re-plot and print the table; runs nothing")
     a = ap.parse_args(argv)
+    if a.merge:
+        return merge(a.merge, a.out, plots=not a.no_plots)
 
     from carnator_core.gate import RiskModel
     from carnator_core.pipeline import ReuseSettings

@@ -103,6 +103,8 @@ def test_benchmark_smoke_exact_pairs(tmp_path):
         path = Path(p) if Path(p).is_absolute() else REPO / p
         assert path.is_file() and path.stat().st_size > 0
     assert res["settings"]["fingerprint"] and not math.isnan(systems["carnator"]["workload_speedup"])
+    merged = _bench().main(["--merge", str(out), "--out", str(tmp_path / "merged.json"), "--no-plots"])
+    assert merged["workloads"] == data["workloads"] and merged["settings"]["merged_from"] == ["tinyworld.json"]
 
 
 def _localization():
