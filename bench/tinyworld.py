@@ -201,6 +201,7 @@ def metrics(recs: list[dict], psnr_bound: float) -> dict:
         "steps_speedup_hits": ratio(gate, "steps_total", "steps_computed"),
         "workload_speedup": ratio(recs, "t_full", "t"),
         "miss_overhead": (mo - 1.0) if mo is not None else None,
+        "miss_overhead_seconds": mean(r["t"] - r["t_full"] for r in miss),
         "psnr_hits_mean": mean(r["psnr"] for r in gate),
         "ssim_hits_mean": mean(r["ssim"] for r in gate),
         "psnr_all_mean": mean(r["psnr"] for r in recs),

@@ -1,0 +1,102 @@
+"""Markdown tables for the README from the tiny-world result files.
+
+    .venv/bin/python bench/report.py        # reads bench/results/{tinyworld,calibration_report,localization}.json
+
+Prints; writes nothing. The numbers are whatever the last runs of bench/tinyworld.py,
+bench/calibrate.py and bench/localization.py measured.
+"""
+from __future__ import annotations
+
+import json
+import os
+
+RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+
+
+def _load(name: str) -> dict | None:
+    path = os.path.join(RESULTS, name)
+    if not os.path.isfile(path):
+        return None
+    with open(path) as f:
+        return json.load(f)
+
+
+def pct(v) -> str:
+    return "—" if v is None else f"{100 * v:.1f}%"
+
+
+def num(v, unit: str = "") -> str:
+    return "—" if v is None else f"{v:.2f}{unit}"
+
+
+def systems_table(res: dict) -> str:
+    rows = ["| workload | system | hit rate | false accepts | speedup on hits | workload speedup "
+            "| miss overhead | PSNR on hits | SSIM on hits | checker (system / full) |",
+            "|---|---|---|---|---|---|---|---|---|---|"]
+    for wl, systems in res["workloads"].items():
+        for name, m in systems.items():
+            extra = f" (τ={m['threshold']})" if "threshold" in m else (
+                f" (α={m['risk_budget']})" if "risk_budget" in m else "")
+            rows.append(
+                f"| {wl} | {name}{extra} | {pct(m['hit_rate'])} | {pct(m['false_accept_rate'])} | "
+                f"{num(m['hit_speedup'], '×')} | {num(m['workload_speedup'], '×')} | "
+                f"{pct(m['miss_overhead'])} | {num(m['psnr_hits_mean'], ' dB')} | "
+                f"{num(m['ssim_hits_mean'])} | {pct(m['checker_accuracy'])} / "
+                f"{pct(m['checker_accuracy_full'])} |")
+    return "\n".join(rows)
+
+
+def attributes_table(res: dict) -> str:
+    rows = ["| workload | shape | colour | position | motion | count |", "|---|---|---|---|---|---|"]
+    for wl, systems in res["workloads"].items():
+        a = systems["full"].get("checker_attributes_full") or {}
+        rows.append(f"| {wl} | " + " | ".join(pct(a.get(k)) for k in
+                                              ("shape", "colour", "position", "motion", "count")) + " |")
+    return "\n".join(rows)
+
+
+def matched_table(res: dict) -> str:
+    rows = ["| workload | α | Carnator hit rate | Carnator false accepts | text at matched hit rate "
+            "(τ, hit rate, false accepts) | text's best hit rate at ≤ Carnator's false accepts |",
+            "|---|---|---|---|---|---|"]
+    for wl, comp in res["comparison"].items():
+        for m in comp["matched"]:
+            rows.append(
+                f"| {wl} | {m['risk_budget']} | {pct(m['carnator_hit_rate'])} | "
+                f"{pct(m['carnator_false_accept_rate'])} | τ={m['text_threshold_at_matched_hit_rate']}, "
+                f"{pct(m['text_hit_rate_at_matched_hit_rate'])}, "
+                f"{pct(m['text_false_accept_rate_at_matched_hit_rate'])} | "
+                f"{pct(m['text_best_hit_rate_at_matched_false_accept'])} |")
+    return "\n".join(rows)
+
+
+def calibration_table(rep: dict) -> str:
+    rows = ["| α | accepted (held out) | false-accept rate | upper 95% | holds |", "|---|---|---|---|---|"]
+    for v in rep["heldout"].values():
+        rows.append(f"| {v['alpha']} | {v['accepted']} | {pct(v['false_accept_rate'])} | "
+                    f"{pct(v['false_accept_upper95'])} | {v['holds']} |")
+    return "\n".join(rows)
+
+
+def main() -> None:
+    res = _load("tinyworld.json")
+    if res:
+        s = res["settings"]
+        print(f"Model {s['model']} (fingerprint {s['fingerprint'][:12]}), {s['steps']} steps, "
+              f"cfg {s['cfg']}, {s['sampler']}; {s.get('seconds')} s\n")
+        print(systems_table(res), "\n")
+        print("Checker agreement of full computation, per attribute:\n")
+        print(attributes_table(res), "\n")
+        print(matched_table(res), "\n")
+    rep = _load("calibration_report.json")
+    if rep:
+        print(f"Calibration: {rep['instances']} candidate pairs, {rep['measured_reuses']} measured "
+              f"reuses, {rep['exceeded_tolerance']} beyond tolerance; held out by pair:\n")
+        print(calibration_table(rep), "\n")
+    loc = _load("localization.json")
+    if loc:
+        print("Localization:", json.dumps(loc["summary"]))
+
+
+if __name__ == "__main__":
+    main()
