@@ -3,7 +3,7 @@
 # ComfyUI host (scripts/provision.sh; a second run takes seconds).
 PY := .venv/bin/python
 
-.PHONY: setup demo test bench-smoke workflows tiny-models
+.PHONY: setup demo test bench-smoke workflows tiny-models tinyworld-results
 
 setup:
 	bash scripts/provision.sh
@@ -19,3 +19,7 @@ workflows:
 
 tiny-models: setup
 	$(PY) scripts/make_tiny_models.py
+
+# The tiny-world results of the README (calibration, benchmark, localization; ~40 min, not CI).
+tinyworld-results: setup
+	bash scripts/tinyworld_results.sh
