@@ -153,6 +153,17 @@ def object_weight(masks, weight, dilate=1):
     return 1.0 + weight * m
 
 
+def motion_edge_weight(masks, weight):
+    """(B, T, H, W) masks -> (B, 1, T, H/2, W/2) extra weight on the cells an object enters or
+    leaves between neighbouring frames: the few pixels that tell the motion direction (the
+    object overlaps itself across frames, so a plain loss hardly notices a wrong direction)."""
+    m = masks.bool()
+    edge = torch.zeros_like(m)
+    edge[:, 1:] |= m[:, 1:] ^ m[:, :-1]
+    edge[:, :-1] |= m[:, :-1] ^ m[:, 1:]
+    return weight * torch.nn.functional.max_pool3d(edge.float().unsqueeze(1), (1, 2, 2))
+
+
 def sample_sigmas(n, rng_np, p_shift=0.7, p_high=0.0, high_lo=0.9):
     """Mixture of the sampler's shift-8 schedule (p_shift), uniform s, and -- with p_high > 0 --
     extra samples at s ~ U(high_lo, 1): the nearly pure-noise steps where the noisy input says
@@ -290,8 +301,10 @@ def train(a):
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=a.bf16):
             out = model(torch.cat([xt, coords], dim=1), sig * 1000.0, ctx)
         err = (out.float() - target).pow(2)
-        if a.obj_weight > 0:
+        if a.obj_weight > 0 or a.edge_weight > 0:
             w = object_weight(masks, a.obj_weight)
+            if a.edge_weight > 0:
+                w = w + motion_edge_weight(masks, a.edge_weight)
             loss = (err * w).mean() / w.mean()
         else:
             loss = err.mean()
@@ -460,6 +473,8 @@ def main():
     p.add_argument("--p-high", type=float, default=0.0,
                    help="extra fraction of samples at s ~ U(--high-lo, 1) (layout-deciding noise levels)")
     p.add_argument("--high-lo", type=float, default=0.9)
+    p.add_argument("--edge-weight", type=float, default=0.0,
+                   help="extra loss weight on the cells an object enters or leaves between frames")
     p.add_argument("--obj-weight", type=float, default=0.0,
                    help="extra loss weight on latent cells covered by an object (0: plain MSE)")
     p.add_argument("--rewarm", type=int, default=0, help="linear lr warm-up over this many steps after resuming")
