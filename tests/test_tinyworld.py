@@ -57,6 +57,8 @@ def test_pair_kinds_present():
                 wa, wb = ca.split(), cb.split()
                 assert len(wa) == len(wb) and sum(x != y for x, y in zip(wa, wb)) == 1
                 assert {x for x, y in zip(wa, wb) if x != y} <= {"left", "right"}
+            elif kind == "unrelated":
+                assert WD.scene_key(sa) != WD.scene_key(sb)
             else:
                 assert len(sa["objects"]) == 2 and len(p["changed"]) == 1
                 i = p["changed"][0]

@@ -235,7 +235,7 @@ def parse_caption(text: str) -> dict:
 
 
 # --------------------------------------------------------------------------- pairs
-PAIR_KINDS = ("identical", "compatible_far", "incompatible_close", "partial")
+PAIR_KINDS = ("identical", "compatible_far", "incompatible_close", "partial", "unrelated")
 
 
 def make_pair(kind: str, seed: int) -> dict:
@@ -244,7 +244,8 @@ def make_pair(kind: str, seed: int) -> dict:
     identical: same caption. compatible_far: same scene, a different paraphrase
     (synonyms/template), textually further apart. incompatible_close: one layout word flipped
     (motion or position left<->right), everything else verbatim. partial: a two-object scene in
-    which one object's attributes change while the other stays.
+    which one object's attributes change while the other stays. unrelated: two independent
+    scenes -- what a cache serving many users mostly holds for a request on the same noise.
     Returns {"kind", "a": (scene, caption), "b": (scene, caption), "changed": [object index in
     a's scene that changed] }.
     """
@@ -264,6 +265,13 @@ def make_pair(kind: str, seed: int) -> dict:
         ca = caption(sa, canonical=True)
         cb = caption(sb, canonical=True)
         return {"kind": kind, "a": (sa, ca), "b": (sb, cb), "changed": [i]}
+    if kind == "unrelated":
+        sa = random_scene(rng)
+        sb = random_scene(rng)
+        while scene_key(sb) == scene_key(sa):
+            sb = random_scene(rng)
+        ca, cb = caption(sa, rng), caption(sb, rng)
+        return {"kind": kind, "a": (sa, ca), "b": (sb, cb), "changed": list(range(len(sa["objects"])))}
     sa = random_scene(rng, 1)
     if kind == "identical":
         c = caption(sa, random.Random(seed + 1))
