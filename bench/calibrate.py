@@ -42,6 +42,11 @@ from carnator_core import calibration as CAL  # noqa: E402
 RESULTS = os.path.join(REPO, "bench", "results")
 
 
+def group_of(line: dict):
+    """The pair a calibration line belongs to (lines without a group pair by seed)."""
+    return line.get("group", line["seed"])
+
+
 def measure_pairs(world, lines: list[dict], settings, psnr_bound: float, region_threshold: float,
                   log=print) -> list[dict]:
     """Instances (see carnator_core.calibration) for every pair, both directions."""
@@ -56,7 +61,7 @@ def measure_pairs(world, lines: list[dict], settings, psnr_bound: float, region_
     depths = [k for k in snaps if lo <= k <= hi]
     groups: dict = {}
     for ln in lines:
-        groups.setdefault(ln.get("group", ln["seed"]), []).append(ln)
+        groups.setdefault(group_of(ln), []).append(ln)
     instances = []
     t0 = time.time()
     for gi, (g, members) in enumerate(groups.items()):
@@ -136,18 +141,13 @@ def main(argv=None) -> dict:
         instances = [i for path in a.instances for i in CAL.load_instances(path)]
     else:
         _, lines = load_workload(a.workload)
+        groups = list(dict.fromkeys(group_of(ln) for ln in lines))
         if a.limit_pairs:
-            keep = []
-            for ln in lines:
-                g = ln.get("group", ln["seed"])
-                if g not in keep:
-                    keep.append(g)
-            keep = set(keep[:a.limit_pairs])
-            lines = [ln for ln in lines if ln.get("group", ln["seed"]) in keep]
+            groups = groups[:a.limit_pairs]
         if shard:
-            groups = list(dict.fromkeys(ln.get("group", ln["seed"]) for ln in lines))
-            mine = set(groups[shard[0]::shard[1]])
-            lines = [ln for ln in lines if ln.get("group", ln["seed"]) in mine]
+            groups = groups[shard[0]::shard[1]]
+        mine = set(groups)
+        lines = [ln for ln in lines if group_of(ln) in mine]
         print(f"measuring {len(lines)} requests …", flush=True)
         instances = measure_pairs(world, lines, settings, a.psnr_bound, region_threshold)
         CAL.save_instances(instances, meas_path)

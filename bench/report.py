@@ -29,53 +29,50 @@ def num(v, unit: str = "") -> str:
     return "—" if v is None else f"{v:.2f}{unit}"
 
 
+def markdown(header: list[str], rows: list[list]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
 def systems_table(res: dict) -> str:
-    rows = ["| workload | system | hit rate | false accepts | speedup on hits | workload speedup "
-            "| miss overhead | PSNR on hits | SSIM on hits | checker (system / full) |",
-            "|---|---|---|---|---|---|---|---|---|---|"]
+    rows = []
     for wl, systems in res["workloads"].items():
         for name, m in systems.items():
             extra = f" (τ={m['threshold']})" if "threshold" in m else (
                 f" (α={m['risk_budget']})" if "risk_budget" in m else "")
-            rows.append(
-                f"| {wl} | {name}{extra} | {pct(m['hit_rate'])} | {pct(m['false_accept_rate'])} | "
-                f"{num(m['hit_speedup'], '×')} | {num(m['workload_speedup'], '×')} | "
-                f"{pct(m['miss_overhead'])} | {num(m['psnr_hits_mean'], ' dB')} | "
-                f"{num(m['ssim_hits_mean'])} | {pct(m['checker_accuracy'])} / "
-                f"{pct(m['checker_accuracy_full'])} |")
-    return "\n".join(rows)
+            rows.append([wl, name + extra, pct(m["hit_rate"]), pct(m["false_accept_rate"]),
+                         num(m["hit_speedup"], "×"), num(m["workload_speedup"], "×"),
+                         pct(m["miss_overhead"]), num(m["psnr_hits_mean"], " dB"),
+                         num(m["ssim_hits_mean"]),
+                         f"{pct(m['checker_accuracy'])} / {pct(m['checker_accuracy_full'])}"])
+    return markdown(["workload", "system", "hit rate", "false accepts", "speedup on hits",
+                     "workload speedup", "miss overhead", "PSNR on hits", "SSIM on hits",
+                     "checker (system / full)"], rows)
 
 
 def attributes_table(res: dict) -> str:
-    rows = ["| workload | shape | colour | position | motion | count |", "|---|---|---|---|---|---|"]
-    for wl, systems in res["workloads"].items():
-        a = systems["full"].get("checker_attributes_full") or {}
-        rows.append(f"| {wl} | " + " | ".join(pct(a.get(k)) for k in
-                                              ("shape", "colour", "position", "motion", "count")) + " |")
-    return "\n".join(rows)
+    attrs = ("shape", "colour", "position", "motion", "count")
+    rows = [[wl] + [pct((systems["full"].get("checker_attributes_full") or {}).get(k)) for k in attrs]
+            for wl, systems in res["workloads"].items()]
+    return markdown(["workload", *attrs], rows)
 
 
 def matched_table(res: dict) -> str:
-    rows = ["| workload | α | Carnator hit rate | Carnator false accepts | text at matched hit rate "
-            "(τ, hit rate, false accepts) | text's best hit rate at ≤ Carnator's false accepts |",
-            "|---|---|---|---|---|---|"]
-    for wl, comp in res["comparison"].items():
-        for m in comp["matched"]:
-            rows.append(
-                f"| {wl} | {m['risk_budget']} | {pct(m['carnator_hit_rate'])} | "
-                f"{pct(m['carnator_false_accept_rate'])} | τ={m['text_threshold_at_matched_hit_rate']}, "
-                f"{pct(m['text_hit_rate_at_matched_hit_rate'])}, "
-                f"{pct(m['text_false_accept_rate_at_matched_hit_rate'])} | "
-                f"{pct(m['text_best_hit_rate_at_matched_false_accept'])} |")
-    return "\n".join(rows)
+    rows = [[wl, m["risk_budget"], pct(m["carnator_hit_rate"]), pct(m["carnator_false_accept_rate"]),
+             f"τ={m['text_threshold_at_matched_hit_rate']}, {pct(m['text_hit_rate_at_matched_hit_rate'])}, "
+             f"{pct(m['text_false_accept_rate_at_matched_hit_rate'])}",
+             pct(m["text_best_hit_rate_at_matched_false_accept"])]
+            for wl, comp in res["comparison"].items() for m in comp["matched"]]
+    return markdown(["workload", "α", "Carnator hit rate", "Carnator false accepts",
+                     "text at matched hit rate (τ, hit rate, false accepts)",
+                     "text's best hit rate at ≤ Carnator's false accepts"], rows)
 
 
 def calibration_table(rep: dict) -> str:
-    rows = ["| α | accepted (held out) | false-accept rate | upper 95% | holds |", "|---|---|---|---|---|"]
-    for v in rep["heldout"].values():
-        rows.append(f"| {v['alpha']} | {v['accepted']} | {pct(v['false_accept_rate'])} | "
-                    f"{pct(v['false_accept_upper95'])} | {v['holds']} |")
-    return "\n".join(rows)
+    rows = [[v["alpha"], v["accepted"], pct(v["false_accept_rate"]), pct(v["false_accept_upper95"]),
+             v["holds"]] for v in rep["heldout"].values()]
+    return markdown(["α", "accepted (held out)", "false-accept rate", "upper 95%", "holds"], rows)
 
 
 def main() -> None:
