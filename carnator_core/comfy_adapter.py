@@ -199,12 +199,15 @@ def patched_for_recording(model, recorder: StepRecorder):
     return m
 
 
+# newer ComfyUI also resizes an empty latent by its downscale ratios, as KSampler passes them
+_FIX_LATENT_KEYS = [k for k in ("downscale_ratio_spacial", "downscale_ratio_temporal")
+                    if k in inspect.signature(comfy.sample.fix_empty_latent_channels).parameters]
+
+
 def _fix_empty_latent_channels(model, latent: dict) -> torch.Tensor:
-    """As KSampler does; newer ComfyUI also resizes by the latent's downscale ratios."""
-    fix = comfy.sample.fix_empty_latent_channels
-    extra = {k: latent[k] for k in ("downscale_ratio_spacial", "downscale_ratio_temporal")
-             if k in latent and k in inspect.signature(fix).parameters}
-    return fix(model, latent["samples"], **extra)
+    """As KSampler does."""
+    extra = {k: latent[k] for k in _FIX_LATENT_KEYS if k in latent}
+    return comfy.sample.fix_empty_latent_channels(model, latent["samples"], **extra)
 
 
 def install_attention_override(m, recorder: StepRecorder) -> None:
@@ -226,9 +229,9 @@ def install_attention_override(m, recorder: StepRecorder) -> None:
         q, k, v = args[:3]
         split = kwargs.get("skip_reshape", False)
         q_len, k_len = (q.shape[2], k.shape[2]) if split else (q.shape[1], k.shape[1])
-        kind = plan.classify(q_len, k_len, recorder.n_context)
-        if kind is None or (kind[1] and recorder.joint_text_first):
-            return dense()  # text-first joint attention (newer HunyuanVideo): not sliced here
+        kind = plan.classify(q_len, k_len, recorder.n_context, recorder.joint_text_first)
+        if kind is None:
+            return dense()
         layer = recorder.attention_layer
         recorder.attention_layer += 1
         mode = plan.mode(recorder.step_of(kwargs.get("transformer_options", {}).get("sigmas")))
