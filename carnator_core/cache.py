@@ -146,34 +146,59 @@ class TrajectoryCache:
                 raise
 
     def _create_schema(self) -> None:
+        """Create what is missing. Read-only when the schema exists (opening must work while
+        another process holds the write lock); when several processes create a new cache
+        folder at once, IF NOT EXISTS / OR IGNORE make the second creator a no-op."""
         with self._db() as db:
-            db.execute("PRAGMA journal_mode=WAL")
-            if "entries" not in db.table_names():
-                db["entries"].create(ENTRY_COLUMNS, pk="id", not_null={"class_key"})
-                db["entries"].create_index(["class_key"])
-                db["entries"].create_index(["exact_key"])
-            if "requests" not in db.table_names():
+            if db.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
+                db.execute("PRAGMA journal_mode=WAL")
+            tables = set(db.table_names())
+            if "entries" not in tables:
+                db["entries"].create(ENTRY_COLUMNS, pk="id", not_null={"class_key"},
+                                     if_not_exists=True)
+                db["entries"].create_index(["class_key"], if_not_exists=True)
+                db["entries"].create_index(["exact_key"], if_not_exists=True)
+            if "requests" not in tables:
                 db["requests"].create({"ts": float, "outcome": str, "entry_id": str,
                                        "steps_computed": int, "steps_total": int,
-                                       "seconds": float, "class_key": str})
-            if "meta" not in db.table_names():
+                                       "seconds": float, "class_key": str}, if_not_exists=True)
+            if "meta" not in tables:
+                db["meta"].create({"key": str, "value": str}, pk="key", if_not_exists=True)
                 db["meta"].insert({"key": "schema_version", "value": str(SCHEMA_VERSION)},
-                                  pk="key")
+                                  pk="key", ignore=True)
 
     def _check_and_repair(self) -> None:
         """quick_check on every open: a request must not trust a file damaged meanwhile."""
         try:
-            with self._db() as db:
-                result = db.execute("PRAGMA quick_check").fetchone()[0]
+            result = self._retry_while_locked(self._check_and_create)
             if result != "ok":
                 raise sqlite3.DatabaseError(result)
-            self._create_schema()
         except sqlite3.OperationalError as e:
             # locked past the busy timeout, or an I/O error: not corruption, keep the file
             raise CacheError(f"Carnator cache index {self.db_path} is unavailable ({e}); the "
                              "request runs without reuse") from e
         except sqlite3.DatabaseError as e:
             self._quarantine_database(str(e))
+
+    def _check_and_create(self) -> str:
+        with self._db() as db:
+            result = db.execute("PRAGMA quick_check").fetchone()[0]
+        if result == "ok":
+            self._create_schema()
+        return result
+
+    def _retry_while_locked(self, fn):
+        """Run ``fn``, again while SQLite reports the file locked, up to the busy timeout.
+        While another process switches a new file to WAL, SQLite answers busy at once
+        instead of waiting in its busy handler, so opening a shared cache needs this."""
+        deadline = time.monotonic() + self.busy_timeout_s
+        while True:
+            try:
+                return fn()
+            except sqlite3.OperationalError as e:
+                if "locked" not in str(e) or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
 
     def _quarantine_database(self, why: str) -> None:
         stamp = time.strftime("%Y%m%d-%H%M%S")
