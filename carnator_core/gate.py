@@ -24,9 +24,20 @@ from .signature import EarlySignature, tile_deviation
 FEATURES = ("outside_mean", "outside_max", "region_fraction", "depth_fraction", "similarity_gap")
 
 
+EVIDENCE = tuple(k for k in FEATURES if k != "depth_fraction")
+
+
 @dataclass
 class RiskModel:
-    """P(deviation > tolerance | evidence, depth) = sigmoid(bias + Σ w_i · feature_i)."""
+    """P(deviation > tolerance | evidence e, depth d) = sigmoid(z), with
+
+        z = bias + Σ weights[f]·f  +  d · Σ depth_weights[e]·e      (f ∈ FEATURES, e ∈ EVIDENCE)
+
+    The depth × evidence terms let depth cost little where the early evidence agrees (a
+    paraphrase, a repeat) and a lot where it does not (an edit). A fitted model has every
+    weight ≥ 0, so predicted risk never falls as reuse gets deeper or the evidence disagrees
+    more — the gate's "deepest k* within budget" then has a single boundary per candidate.
+    """
 
     weights: dict[str, float] = field(default_factory=lambda: {
         "outside_mean": 10.0, "outside_max": 4.0, "region_fraction": 3.0,
@@ -35,9 +46,15 @@ class RiskModel:
     region_threshold: float = 0.35  # tile deviation above which a tile joins M
     calibrated: bool = False
     source: str = "default prior (uncalibrated)"
+    depth_weights: dict[str, float] = field(default_factory=dict)  # missing = 0 (older files)
+
+    def logit(self, features: dict[str, float]) -> float:
+        d = features["depth_fraction"]
+        return (self.bias + sum(self.weights[k] * features[k] for k in FEATURES)
+                + d * sum(w * features[k] for k, w in self.depth_weights.items()))
 
     def risk(self, features: dict[str, float]) -> float:
-        z = self.bias + sum(self.weights[k] * features[k] for k in FEATURES)
+        z = self.logit(features)
         return 1.0 / (1.0 + math.exp(-max(min(z, 50.0), -50.0)))
 
     def save(self, path: str | Path) -> None:
@@ -46,7 +63,8 @@ class RiskModel:
     @classmethod
     def load(cls, path: str | Path) -> "RiskModel":
         data = json.loads(Path(path).read_text())
-        unknown = set(data["weights"]) ^ set(FEATURES)
+        unknown = (set(data["weights"]) ^ set(FEATURES)) | (set(data.get("depth_weights", {}))
+                                                             - set(EVIDENCE))
         if unknown:
             raise ValueError(f"risk model {path} has features {sorted(unknown)} this version "
                              "does not know; re-run calibration")
@@ -55,23 +73,38 @@ class RiskModel:
     @classmethod
     def fit(cls, rows: list[dict[str, float]], labels: list[int], region_threshold: float,
             iters: int = 3000, lr: float = 0.5, l2: float = 1e-3) -> "RiskModel":
-        """Logistic regression on (evidence features → exceeded tolerance?)."""
-        x = torch.tensor([[r[k] for k in FEATURES] for r in rows], dtype=torch.float64)
+        """Logistic regression on (evidence, depth → exceeded tolerance?).
+
+        Columns are standardised so one L2 strength suits features of different ranges
+        (region fractions of a few percent next to depth fractions near 0.5); weights are
+        kept ≥ 0 through a softplus, which makes the risk monotone (see the class docstring).
+        """
+        cols = [[r[k] for k in FEATURES] + [r["depth_fraction"] * r[k] for k in EVIDENCE]
+                for r in rows]
+        x = torch.tensor(cols, dtype=torch.float64)
         y = torch.tensor(labels, dtype=torch.float64)
-        w = torch.zeros(len(FEATURES), dtype=torch.float64, requires_grad=True)
+        mean, std = x.mean(0), x.std(0).clamp_min(1e-9) if len(rows) > 1 else torch.ones(x.shape[1])
+        z = (x - mean) / std
+        raw = torch.full((x.shape[1],), -2.0, dtype=torch.float64, requires_grad=True)
         b = torch.zeros((), dtype=torch.float64, requires_grad=True)
-        opt = torch.optim.LBFGS([w, b], lr=lr, max_iter=iters)
+        opt = torch.optim.LBFGS([raw, b], lr=lr, max_iter=iters, line_search_fn="strong_wolfe")
 
         def closure():
             opt.zero_grad()
-            loss = torch.nn.functional.binary_cross_entropy_with_logits(x @ w + b, y)
+            w = torch.nn.functional.softplus(raw)
+            loss = torch.nn.functional.binary_cross_entropy_with_logits(z @ w + b, y)
             loss = loss + l2 * w.pow(2).sum()
             loss.backward()
             return loss
 
         opt.step(closure)
-        return cls(weights={k: float(v) for k, v in zip(FEATURES, w.detach())},
-                   bias=float(b.detach()), region_threshold=region_threshold,
+        with torch.no_grad():  # back to the raw feature scale the gate uses
+            w = torch.nn.functional.softplus(raw) / std
+            bias = float(b - (w * mean).sum())
+        n = len(FEATURES)
+        return cls(weights={k: float(v) for k, v in zip(FEATURES, w[:n])},
+                   depth_weights={k: float(v) for k, v in zip(EVIDENCE, w[n:])},
+                   bias=bias, region_threshold=region_threshold,
                    calibrated=True, source=f"fitted on {len(rows)} measured reuses")
 
 

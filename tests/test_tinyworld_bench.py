@@ -64,6 +64,18 @@ def test_calibration_fit_save_load_and_gate_rule(tmp_path):
     CAL.save(model, tmp_path, "fp123")
     loaded = risk_model_for(tmp_path, "fp123")
     assert loaded.calibrated and loaded.weights == pytest.approx(model.weights)
+    assert loaded.depth_weights == pytest.approx(model.depth_weights)
+    # monotone: every fitted weight ≥ 0, so deeper reuse or more disagreement never lowers risk
+    assert min(model.weights.values()) >= 0 and min(model.depth_weights.values()) >= 0
+    agree = dict(instances[0]["features"], outside_mean=0.0, outside_max=0.0,
+                 region_fraction=0.0, similarity_gap=0.0)
+    edit = dict(agree, outside_mean=0.25, outside_max=0.5, region_fraction=0.08, similarity_gap=0.15)
+    risks = [[model.risk({**f, "depth_fraction": k / 20}) for k in (4, 8, 14)] for f in (agree, edit)]
+    assert all(r == sorted(r) for r in risks) and all(a < e for a, e in zip(*risks))
+    # the depth × evidence terms: agreeing evidence reaches a deeper k* than an edit
+    depths = [{"k": k, "depth_fraction": k / 20, "label": 0} for k in (4, 8, 14)]
+    picks = [CAL.gate_decision(model, {"features": f, "depths": depths}, 0.05) for f in (agree, edit)]
+    assert picks[0] is not None and (picks[1] is None or picks[1]["k"] < picks[0]["k"]), picks
     assert not risk_model_for(tmp_path, "other").calibrated
     assert CAL.exceeds_tolerance(25.0, True, True, 30.0) == 1
     assert CAL.exceeds_tolerance(35.0, True, False, 30.0) == 1
