@@ -77,6 +77,13 @@ def test_calibration_fit_save_load_and_gate_rule(tmp_path):
     picks = [CAL.gate_decision(model, {"features": f, "depths": depths}, 0.05) for f in (agree, edit)]
     assert picks[0] is not None and (picks[1] is None or picks[1]["k"] < picks[0]["k"]), picks
     assert not risk_model_for(tmp_path, "other").calibrated
+    # a file written before the depth × evidence terms existed loads with none of them
+    older = json.loads(CAL.calibration_path(tmp_path, "fp123").read_text())
+    del older["depth_weights"]
+    CAL.calibration_path(tmp_path, "fp_older").write_text(json.dumps(older))
+    f = {**agree, "outside_max": 0.3, "depth_fraction": 0.5}
+    z = older["bias"] + sum(older["weights"][k] * f[k] for k in older["weights"])
+    assert risk_model_for(tmp_path, "fp_older").risk(f) == pytest.approx(1 / (1 + math.exp(-z)))
     assert CAL.exceeds_tolerance(25.0, True, True, 30.0) == 1
     assert CAL.exceeds_tolerance(35.0, True, False, 30.0) == 1
     assert CAL.exceeds_tolerance(35.0, False, False, 30.0) == 0
