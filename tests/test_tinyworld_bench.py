@@ -79,7 +79,7 @@ def test_calibration_fit_save_load_and_gate_rule(tmp_path):
     assert not risk_model_for(tmp_path, "other").calibrated
     # a file written before the depth × evidence terms existed loads with none of them
     older = json.loads(CAL.calibration_path(tmp_path, "fp123").read_text())
-    del older["depth_weights"]
+    del older["depth_weights"], older["evidence_scale"]
     CAL.calibration_path(tmp_path, "fp_older").write_text(json.dumps(older))
     f = {**agree, "outside_max": 0.3, "depth_fraction": 0.5}
     z = older["bias"] + sum(older["weights"][k] * f[k] for k in older["weights"])
