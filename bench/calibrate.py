@@ -121,6 +121,8 @@ def main(argv=None) -> dict:
                     help="measure only pair groups i, i+N, … (run N of these in parallel, then "
                          "re-fit from their measurement files with --instances)")
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--form", choices=("linear", "interaction"), default="linear",
+                    help="risk model form (carnator_core.gate.RiskModel.fit)")
     a = ap.parse_args(argv)
 
     if "bench_tw" not in sys.modules:
@@ -152,7 +154,7 @@ def main(argv=None) -> dict:
         instances = measure_pairs(world, lines, settings, a.psnr_bound, region_threshold)
         CAL.save_instances(instances, meas_path)
     train, held = CAL.split(instances, a.holdout)
-    model = CAL.fit(train, region_threshold)
+    model = CAL.fit(train, region_threshold, form=a.form)
     rows, labels = CAL.rows_of(instances)
     report = {
         "model_fingerprint": fp, "psnr_bound": a.psnr_bound, "steps": a.steps, "cfg": a.cfg,

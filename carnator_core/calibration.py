@@ -47,13 +47,14 @@ def split(instances: list[dict], holdout: float = 0.3, seed: int = 0) -> tuple[l
             [i for i in instances if str(i["group"]) in held])
 
 
-def fit(instances: list[dict], region_threshold: float, l2: float = 1e-3) -> RiskModel:
+def fit(instances: list[dict], region_threshold: float, l2: float = 1e-3,
+        form: str = "linear") -> RiskModel:
     rows, labels = rows_of(instances)
     if not rows:
         raise ValueError("no measured reuses to calibrate on")
-    model = RiskModel.fit(rows, labels, region_threshold, l2=l2)
+    model = RiskModel.fit(rows, labels, region_threshold, l2=l2, form=form)
     pos = sum(labels)
-    model.source = (f"fitted on {len(rows)} measured reuses ({pos} exceeded tolerance) "
+    model.source = (f"{form} form fitted on {len(rows)} measured reuses ({pos} exceeded tolerance) "
                     f"from {len(instances)} candidate pairs")
     if pos == 0 or pos == len(labels):
         model.source += " — WARNING: only one label class; the fit is degenerate"

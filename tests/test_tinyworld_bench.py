@@ -64,26 +64,33 @@ def test_calibration_fit_save_load_and_gate_rule(tmp_path):
     CAL.save(model, tmp_path, "fp123")
     loaded = risk_model_for(tmp_path, "fp123")
     assert loaded.calibrated and loaded.weights == pytest.approx(model.weights)
-    assert loaded.depth_weights == pytest.approx(model.depth_weights)
-    # monotone: every fitted weight ≥ 0, so deeper reuse or more disagreement never lowers risk
-    assert min(model.weights.values()) >= 0 and min(model.depth_weights.values()) >= 0
-    agree = dict(instances[0]["features"], outside_mean=0.0, outside_max=0.0,
-                 region_fraction=0.0, similarity_gap=0.0)
-    edit = dict(agree, outside_mean=0.25, outside_max=0.5, region_fraction=0.08, similarity_gap=0.15)
-    risks = [[model.risk({**f, "depth_fraction": k / 20}) for k in (4, 8, 14)] for f in (agree, edit)]
-    assert all(r == sorted(r) for r in risks) and all(a < e for a, e in zip(*risks))
-    # the depth × evidence terms: agreeing evidence reaches a deeper k* than an edit
-    depths = [{"k": k, "depth_fraction": k / 20, "label": 0} for k in (4, 8, 14)]
-    picks = [CAL.gate_decision(model, {"features": f, "depths": depths}, 0.05) for f in (agree, edit)]
-    assert picks[0] is not None and (picks[1] is None or picks[1]["k"] < picks[0]["k"]), picks
+    assert model.depth_weights == {} and model.evidence_scale is None  # the linear default
     assert not risk_model_for(tmp_path, "other").calibrated
-    # a file written before the depth × evidence terms existed loads with none of them
+    # a file written before the depth × evidence terms existed loads and scores as before
     older = json.loads(CAL.calibration_path(tmp_path, "fp123").read_text())
     del older["depth_weights"], older["evidence_scale"]
     CAL.calibration_path(tmp_path, "fp_older").write_text(json.dumps(older))
-    f = {**agree, "outside_max": 0.3, "depth_fraction": 0.5}
+    f = {**instances[0]["features"], "depth_fraction": 0.5}
     z = older["bias"] + sum(older["weights"][k] * f[k] for k in older["weights"])
     assert risk_model_for(tmp_path, "fp_older").risk(f) == pytest.approx(1 / (1 + math.exp(-z)))
+
+    inter = CAL.fit(train, 0.35, form="interaction")
+    CAL.save(inter, tmp_path, "fp_inter")
+    loaded = risk_model_for(tmp_path, "fp_inter")
+    assert loaded.depth_weights == pytest.approx(inter.depth_weights) and loaded.evidence_scale
+    # monotone: every fitted weight ≥ 0, so deeper reuse or more disagreement never lowers risk
+    assert min(inter.weights.values()) >= 0 and min(inter.depth_weights.values()) >= 0
+    agree = dict(instances[0]["features"], outside_mean=0.0, outside_max=0.0,
+                 region_fraction=0.0, similarity_gap=0.0)
+    edit = dict(agree, outside_mean=0.25, outside_max=0.5, region_fraction=0.08, similarity_gap=0.15)
+    risks = [[inter.risk({**f, "depth_fraction": k / 20}) for k in (4, 8, 14)] for f in (agree, edit)]
+    assert all(r == sorted(r) for r in risks) and all(a < e for a, e in zip(*risks))
+    # agreeing evidence reaches a deeper k* than an edit
+    depths = [{"k": k, "depth_fraction": k / 20, "label": 0} for k in (4, 8, 14)]
+    picks = [CAL.gate_decision(inter, {"features": f, "depths": depths}, 0.05) for f in (agree, edit)]
+    assert picks[0] is not None and (picks[1] is None or picks[1]["k"] < picks[0]["k"]), picks
+    with pytest.raises(ValueError, match="form"):
+        CAL.fit(train, 0.35, form="cubic")
     assert CAL.exceeds_tolerance(25.0, True, True, 30.0) == 1
     assert CAL.exceeds_tolerance(35.0, True, False, 30.0) == 1
     assert CAL.exceeds_tolerance(35.0, False, False, 30.0) == 0
