@@ -105,7 +105,8 @@ class RiskModel:
                 for r in rows]
         x = torch.tensor(cols, dtype=torch.float64)
         y = torch.tensor(labels, dtype=torch.float64)
-        mean, std = x.mean(0), x.std(0).clamp_min(1e-9) if len(rows) > 1 else torch.ones(x.shape[1])
+        mean = x.mean(0)
+        std = x.std(0).clamp_min(1e-9) if len(rows) > 1 else torch.ones_like(mean)
         z = (x - mean) / std
         raw = torch.full((x.shape[1],), -2.0, dtype=torch.float64, requires_grad=True)
         b = torch.zeros((), dtype=torch.float64, requires_grad=True)
