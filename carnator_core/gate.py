@@ -25,6 +25,7 @@ FEATURES = ("outside_mean", "outside_max", "region_fraction", "depth_fraction", 
 
 
 EVIDENCE = tuple(k for k in FEATURES if k != "depth_fraction")
+INTERACTION_EVIDENCE_SCALE = 0.01  # s(e) = log(1 + e/0.01): 0.4% of tiles and 15% far apart
 
 
 @dataclass
@@ -97,58 +98,64 @@ class RiskModel:
         """
         if form not in ("linear", "interaction"):
             raise ValueError(f"unknown risk model form {form!r}")
-        if form == "linear":
-            return cls._fit_linear(rows, labels, region_threshold, iters, lr, l2)
-        shape = cls(weights={}, evidence_scale=0.01)
-        rows = [shape.scaled(r) for r in rows]
+        fit_form = cls._fit_linear if form == "linear" else cls._fit_interaction
+        return fit_form(rows, labels, region_threshold, iters, lr, l2)
+
+    @classmethod
+    def _fit_interaction(cls, rows, labels, region_threshold, iters, lr, l2) -> "RiskModel":
+        scale = INTERACTION_EVIDENCE_SCALE
+        rows = [cls(weights={}, evidence_scale=scale).scaled(r) for r in rows]
         cols = [[r[k] for k in FEATURES] + [r["depth_fraction"] * r[k] for k in EVIDENCE]
                 for r in rows]
         x = torch.tensor(cols, dtype=torch.float64)
         y = torch.tensor(labels, dtype=torch.float64)
         mean = x.mean(0)
         std = x.std(0).clamp_min(1e-9) if len(rows) > 1 else torch.ones_like(mean)
-        z = (x - mean) / std
-        raw = torch.full((x.shape[1],), -2.0, dtype=torch.float64, requires_grad=True)
-        b = torch.zeros((), dtype=torch.float64, requires_grad=True)
-        opt = torch.optim.LBFGS([raw, b], lr=lr, max_iter=iters, line_search_fn="strong_wolfe")
-
-        def closure():
-            opt.zero_grad()
-            w = torch.nn.functional.softplus(raw)
-            loss = torch.nn.functional.binary_cross_entropy_with_logits(z @ w + b, y)
-            loss = loss + l2 * w.pow(2).sum()
-            loss.backward()
-            return loss
-
-        opt.step(closure)
-        with torch.no_grad():  # back to the raw feature scale the gate uses
-            w = torch.nn.functional.softplus(raw) / std
-            bias = float(b - (w * mean).sum())
+        w, b = _logistic((x - mean) / std, y, l2, iters, lr, nonnegative=True)
+        w = w / std  # back to the raw feature scale the gate uses
+        bias = float(b - (w * mean).sum())
         n = len(FEATURES)
         return cls(weights={k: float(v) for k, v in zip(FEATURES, w[:n])},
                    depth_weights={k: float(v) for k, v in zip(EVIDENCE, w[n:])},
-                   bias=bias, region_threshold=region_threshold, evidence_scale=0.01,
+                   bias=bias, region_threshold=region_threshold, evidence_scale=scale,
                    calibrated=True, source=f"fitted on {len(rows)} measured reuses")
 
     @classmethod
     def _fit_linear(cls, rows, labels, region_threshold, iters, lr, l2) -> "RiskModel":
         x = torch.tensor([[r[k] for k in FEATURES] for r in rows], dtype=torch.float64)
         y = torch.tensor(labels, dtype=torch.float64)
-        w = torch.zeros(len(FEATURES), dtype=torch.float64, requires_grad=True)
-        b = torch.zeros((), dtype=torch.float64, requires_grad=True)
-        opt = torch.optim.LBFGS([w, b], lr=lr, max_iter=iters)
-
-        def closure():
-            opt.zero_grad()
-            loss = torch.nn.functional.binary_cross_entropy_with_logits(x @ w + b, y)
-            loss = loss + l2 * w.pow(2).sum()
-            loss.backward()
-            return loss
-
-        opt.step(closure)
-        return cls(weights={k: float(v) for k, v in zip(FEATURES, w.detach())},
-                   bias=float(b.detach()), region_threshold=region_threshold,
+        w, b = _logistic(x, y, l2, iters, lr, nonnegative=False)
+        return cls(weights={k: float(v) for k, v in zip(FEATURES, w)},
+                   bias=b, region_threshold=region_threshold,
                    calibrated=True, source=f"fitted on {len(rows)} measured reuses")
+
+
+def _logistic(x: torch.Tensor, y: torch.Tensor, l2: float, iters: int, lr: float,
+              nonnegative: bool) -> tuple[torch.Tensor, float]:
+    """L2-penalised logistic regression by LBFGS: (weights, bias). ``nonnegative`` keeps the
+    weights ≥ 0 through a softplus (with a strong-Wolfe line search, which that needs)."""
+    dtype = torch.float64
+    if nonnegative:
+        raw = torch.full((x.shape[1],), -2.0, dtype=dtype, requires_grad=True)
+        weights = lambda: torch.nn.functional.softplus(raw)  # noqa: E731
+    else:
+        raw = torch.zeros(x.shape[1], dtype=dtype, requires_grad=True)
+        weights = lambda: raw  # noqa: E731
+    b = torch.zeros((), dtype=dtype, requires_grad=True)
+    opt = torch.optim.LBFGS([raw, b], lr=lr, max_iter=iters,
+                            line_search_fn="strong_wolfe" if nonnegative else None)
+
+    def closure():
+        opt.zero_grad()
+        w = weights()
+        loss = torch.nn.functional.binary_cross_entropy_with_logits(x @ w + b, y)
+        loss = loss + l2 * w.pow(2).sum()
+        loss.backward()
+        return loss
+
+    opt.step(closure)
+    with torch.no_grad():
+        return weights().detach().clone(), float(b.detach())
 
 
 def risk_model_for(cache_folder: str | Path, model_fingerprint: str) -> RiskModel:
