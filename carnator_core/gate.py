@@ -74,13 +74,21 @@ class RiskModel:
 
     @classmethod
     def load(cls, path: str | Path) -> "RiskModel":
-        data = json.loads(Path(path).read_text())
-        unknown = (set(data["weights"]) ^ set(FEATURES)) | (set(data.get("depth_weights", {}))
-                                                             - set(EVIDENCE))
+        try:
+            data = json.loads(Path(path).read_text())
+            unknown = (set(data["weights"]) ^ set(FEATURES)) | (set(data.get("depth_weights", {}))
+                                                                 - set(EVIDENCE))
+        except (ValueError, KeyError, TypeError, AttributeError) as e:
+            raise ValueError(f"risk model {path} is unreadable ({e!r}); re-run calibration "
+                             "or delete the file to use the uncalibrated prior") from e
         if unknown:
             raise ValueError(f"risk model {path} has features {sorted(unknown)} this version "
                              "does not know; re-run calibration")
-        return cls(**data)
+        try:
+            return cls(**data)
+        except TypeError as e:
+            raise ValueError(f"risk model {path} has fields this version does not know ({e}); "
+                             "re-run calibration") from e
 
     @classmethod
     def fit(cls, rows: list[dict[str, float]], labels: list[int], region_threshold: float,

@@ -73,6 +73,10 @@ def test_calibration_fit_save_load_and_gate_rule(tmp_path):
     f = {**instances[0]["features"], "depth_fraction": 0.5}
     z = older["bias"] + sum(older["weights"][k] * f[k] for k in older["weights"])
     assert risk_model_for(tmp_path, "fp_older").risk(f) == pytest.approx(1 / (1 + math.exp(-z)))
+    # a damaged file: an error that names it and says what to do
+    CAL.calibration_path(tmp_path, "fp_bad").write_text('{"weights": ')
+    with pytest.raises(ValueError, match="fp_bad.json is unreadable.*re-run calibration"):
+        risk_model_for(tmp_path, "fp_bad")
 
     inter = CAL.fit(train, 0.35, form="interaction")
     CAL.save(inter, tmp_path, "fp_inter")
