@@ -40,6 +40,7 @@ import torch  # noqa: E402
 from carnator_core import calibration as CAL  # noqa: E402
 
 RESULTS = os.path.join(REPO, "bench", "results")
+BUDGETS = (0.02, 0.05, 0.1)
 
 
 def group_of(line: dict):
@@ -52,7 +53,7 @@ def measure_pairs(world, lines: list[dict], settings, psnr_bound: float, region_
     """Instances (see carnator_core.calibration) for every pair, both directions."""
     from bench_tw import World, check_ok, psnr  # noqa: F401  (module alias set in main)
     from carnator_core.gate import evidence
-    from carnator_core.signature import tiles_to_latent_mask
+    from carnator_core.pipeline import fill_region
     steps = world.steps
     p = settings.probe_steps(steps)
     snaps = settings.snapshot_steps(steps)
@@ -83,20 +84,21 @@ def measure_pairs(world, lines: list[dict], settings, psnr_bound: float, region_
             feats, region = evidence(new_sig, old_sig, sim, region_threshold)
             inst = {"group": g, "kind": la.get("kind"), "prompt": la["prompt"],
                     "candidate_prompt": lb["prompt"], "features": feats, "depths": []}
+            if p > 1:  # what a one-step probe would have seen (issue 10: probe cost)
+                s0 = (a["record"].signature(0), b["record"].signature(0))
+                inst["features_step0"] = evidence(*s0, float(torch.dot(s0[0].global_vector(), s0[1].global_vector())),
+                                                  region_threshold)[0]
             if feats["region_fraction"] <= settings.gate.max_region_fraction:
                 for k in depths:
                     run = world.new_run(la["prompt"], int(la["seed"]), a["policy"])
-                    x_k = b["record"].snapshots[k].float()
-                    if bool(region.any()):
-                        mask = tiles_to_latent_mask(region, a["record"].grid, run.latent_shape)
-                        own = run.renoise(a["x0_probe"], k)
-                        x_k = torch.lerp(x_k, own, mask.to(x_k.device))
-                    out = world.resume(run, x_k, k)
-                    v = world.video(out)
+                    start, fill = fill_region(run, b["record"].snapshots[k].float(), region,
+                                              a["record"].grid, a["x0_probe"], a["x_probe"], p, k,
+                                              settings.region_fill_calls)
+                    v = world.video(run.sample(k, steps, start))
                     q = psnr(v, a["video"])
                     ok = check_ok(v, la["prompt"])
                     inst["depths"].append({"k": k, "depth_fraction": k / steps, "psnr": q,
-                                           "ok": ok, "ok_reference": a["ok"],
+                                           "ok": ok, "ok_reference": a["ok"], "fill_steps": fill,
                                            "label": CAL.exceeds_tolerance(q, a["ok"], ok, psnr_bound)})
             instances.append(inst)
         if (gi + 1) % 10 == 0:
@@ -112,7 +114,10 @@ def main(argv=None) -> dict:
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--cfg", type=float, default=4.0)
     ap.add_argument("--psnr-bound", type=float, default=30.0)
-    ap.add_argument("--holdout", type=float, default=0.3)
+    ap.add_argument("--holdout", type=float, default=0.5,
+                    help="share of the pairs kept out of the fit: the thresholds are certified on them")
+    ap.add_argument("--delta", type=float, default=0.1,
+                    help="1 − confidence of the certified thresholds (Learn-then-Test)")
     ap.add_argument("--cache", default=None, help="Carnator cache folder (default: ComfyUI's)")
     ap.add_argument("--results", default=RESULTS)
     ap.add_argument("--instances", nargs="+", default=None,
@@ -121,7 +126,10 @@ def main(argv=None) -> dict:
                     help="measure only pair groups i, i+N, … (run N of these in parallel, then "
                          "re-fit from their measurement files with --instances)")
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--form", choices=("linear", "interaction"), default="linear",
+    ap.add_argument("--kinds", nargs="+", default=None, help="only pairs of these kinds")
+    ap.add_argument("--fill-calls", type=int, default=None,
+                    help="model steps filling region M on a reuse (ReuseSettings.region_fill_calls)")
+    ap.add_argument("--form", choices=("linear", "interaction"), default="interaction",
                     help="risk model form (carnator_core.gate.RiskModel.fit)")
     a = ap.parse_args(argv)
 
@@ -132,7 +140,9 @@ def main(argv=None) -> dict:
     from carnator_core.pipeline import ReuseSettings
     world = World(a.model or DEFAULT_MODEL, steps=a.steps, cfg=a.cfg, threads=a.threads)
     fp = world.fingerprint
-    settings = ReuseSettings(probe_fraction=0.1, snapshot_count=6, gate=GateSettings())
+    settings = ReuseSettings(probe_fraction=0.1, gate=GateSettings())
+    if a.fill_calls is not None:
+        settings.region_fill_calls = a.fill_calls
     region_threshold = RiskModel().region_threshold
     os.makedirs(a.results, exist_ok=True)
     shard = tuple(int(x) for x in a.shard.split("/")) if a.shard else None
@@ -143,6 +153,8 @@ def main(argv=None) -> dict:
         instances = [i for path in a.instances for i in CAL.load_instances(path)]
     else:
         _, lines = load_workload(a.workload)
+        if a.kinds:
+            lines = [ln for ln in lines if ln.get("kind") in a.kinds]
         groups = list(dict.fromkeys(group_of(ln) for ln in lines))
         if a.limit_pairs:
             groups = groups[:a.limit_pairs]
@@ -155,17 +167,26 @@ def main(argv=None) -> dict:
         CAL.save_instances(instances, meas_path)
     train, held = CAL.split(instances, a.holdout)
     model = CAL.fit(train, region_threshold, form=a.form)
+    max_region = settings.gate.max_region_fraction
+    certification = CAL.certify_model(model, held, delta=a.delta, max_region_fraction=max_region)
+    model.source += (f"; thresholds certified by Learn-then-Test on {certification['instances']} "
+                     f"held-out pairs at {1 - a.delta:.0%} confidence")
     rows, labels = CAL.rows_of(instances)
     report = {
         "model_fingerprint": fp, "psnr_bound": a.psnr_bound, "steps": a.steps, "cfg": a.cfg,
         "instances": len(instances), "measured_reuses": len(rows),
         "exceeded_tolerance": sum(labels),
         "train_instances": len(train), "heldout_instances": len(held),
-        "risk_model": {"weights": model.weights, "bias": model.bias,
-                       "region_threshold": model.region_threshold, "source": model.source},
-        "heldout": CAL.evaluate(model, held, max_region_fraction=settings.gate.max_region_fraction),
-        "train": CAL.evaluate(model, train, max_region_fraction=settings.gate.max_region_fraction),
-        "prior_heldout": CAL.evaluate(RiskModel(), held, max_region_fraction=settings.gate.max_region_fraction),
+        "risk_model": {"weights": model.weights, "depth_weights": model.depth_weights, "bias": model.bias,
+                       "region_threshold": model.region_threshold, "thresholds": model.thresholds,
+                       "confidence": model.confidence, "source": model.source},
+        "form": a.form, "certification": certification,
+        "heldout": CAL.evaluate(model, held, alphas=BUDGETS, max_region_fraction=max_region),
+        "train": CAL.evaluate(model, train, alphas=BUDGETS, max_region_fraction=max_region),
+        "heldout_by_kind": {k: CAL.evaluate(model, [i for i in held if i.get("kind") == k], alphas=BUDGETS,
+                                            max_region_fraction=max_region)
+                            for k in sorted({i.get("kind") for i in held})},
+        "prior_heldout": CAL.evaluate(RiskModel(), held, max_region_fraction=max_region),
         "by_kind": {},
         "seconds": round(time.time() - t0, 1),
     }
@@ -188,6 +209,8 @@ def main(argv=None) -> dict:
     print(f"{len(instances)} candidate pairs, {len(rows)} measured reuses, "
           f"{sum(labels)} exceeded tolerance (PSNR < {a.psnr_bound} dB or checker)")
     print(f"risk model: {model.source}")
+    print(f"certified thresholds ({1 - a.delta:.0%} confidence): "
+          + ", ".join(f"α={k}: λ={v:.2f}" for k, v in model.thresholds.items()))
     print(f"{'alpha':>6s} {'accepted':>9s} {'accept%':>8s} {'FA rate':>8s} {'FA up95':>8s} holds")
     for k, v in report["heldout"].items():
         print(f"{v['alpha']:6.2f} {v['accepted']:9d} {100 * v['accept_rate']:7.1f}% "

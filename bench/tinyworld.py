@@ -144,16 +144,18 @@ class World:
             record.on_step(step, x, x0)
             if step == probe_steps - 1:
                 stash["x0_probe"] = x0.detach().clone()
+            if step == probe_steps:  # what the probe hands on: the latent at step P
+                stash["x_probe"] = run.boundary_from_sampler_space(x.detach(), step)
 
         final = run.sample(0, run.steps, None, on_step, capture_steps=set(range(probe_steps)))
         seconds = time.perf_counter() - t0
         return {"run": run, "record": record, "final": final, "seconds": seconds,
-                "x0_probe": stash.get("x0_probe"), "video": self.video(final)}
+                "x0_probe": stash.get("x0_probe"), "x_probe": stash.get("x_probe"),
+                "video": self.video(final)}
 
     def resume(self, run, x_k_sampler_space: torch.Tensor, k: int) -> torch.Tensor:
         """Finish ``run`` from a sampler-space latent at step k (the reuse path)."""
-        start = run.boundary_from_sampler_space(x_k_sampler_space, k)
-        return run.sample(k, run.steps, start)
+        return run.sample(k, run.steps, run.boundary_from_sampler_space(x_k_sampler_space, k))
 
 
 ATTRS = ("shape", "colour", "position", "motion", "count")
@@ -310,7 +312,7 @@ def run_carnator(world: World, lines, refs, budget, risk_model_path, psnr_bound,
         dst = os.path.join(folder, "calibration", f"{world.fingerprint}.json")
         os.makedirs(os.path.dirname(dst), exist_ok=True)
         shutil.copy(risk_model_path, dst)
-    settings = ReuseSettings(probe_fraction=0.1, snapshot_count=6,
+    settings = ReuseSettings(probe_fraction=0.1,
                              gate=GateSettings(risk_budget=budget),
                              sparse=SparseSettings(enabled=sparse))
     recs = []
@@ -330,7 +332,8 @@ def run_carnator(world: World, lines, refs, budget, risk_model_path, psnr_bound,
                      "steps_total": s.steps_total, "steps_computed": s.steps_computed,
                      "reuse_step": s.reuse_step, "risk": s.risk,
                      "sparse_calls": s.sparse_calls, "sparse_density": s.sparse_density,
-                     "region_fraction": s.region_fraction, "edit": ln.get("edit") or ln.get("kind")})
+                     "region_fraction": s.region_fraction, "edit": ln.get("edit") or ln.get("kind"),
+                     "entry_id": s.entry_id, "stored_id": s.stored_id})
     m = metrics(recs, psnr_bound)
     if sparse:
         gate_hits = [r for r in recs if r["outcome"] == "hit"]
@@ -508,6 +511,8 @@ def main(argv=None) -> dict:
                     help="torch threads (1 is fastest on a shared 2-core machine)")
     ap.add_argument("--out", default=os.path.join(RESULTS, "tinyworld.json"))
     ap.add_argument("--no-plots", action="store_true")
+    ap.add_argument("--records", action="store_true",
+                    help="also write every Carnator request's record (per budget) to the JSON")
     ap.add_argument("--merge", nargs="+", metavar="JSON",
                     help="merge result files of separate runs (one workload each, e.g. run in "
                          "parallel) into --out, re-plot and print the table; runs nothing")
@@ -523,7 +528,7 @@ def main(argv=None) -> dict:
     rm_path = default_risk_model(fp) if a.risk_model == "auto" else (None if a.risk_model == "prior" else a.risk_model)
     rm = RiskModel.load(rm_path) if rm_path else RiskModel()
     budgets = sorted(set(a.budgets) | {a.main_budget})
-    settings = ReuseSettings(probe_fraction=0.1, snapshot_count=6, gate=GateSettings())
+    settings = ReuseSettings(probe_fraction=0.1, gate=GateSettings())
     snaps = settings.snapshot_steps(a.steps)
     probe_steps = settings.probe_steps(a.steps)
     band_depths = [snaps[1], snaps[len(snaps) // 2], snaps[-1]] if len(snaps) >= 3 else snaps
@@ -555,6 +560,8 @@ def main(argv=None) -> dict:
                 print(f"[{name}] carnator α={b:g} …", flush=True)
                 carn[b] = run_carnator(world, lines, refs, b, rm_path, a.psnr_bound, False, workdir)
             main_c = carn[a.main_budget][0]
+            if a.records:
+                results.setdefault("records", {})[name] = {f"{b:g}": recs for b, (_, recs) in carn.items()}
             tau = pick_text_point(text_sweep, main_c["hit_rate"])
             results["workloads"][name] = {"full": metrics(full_recs, a.psnr_bound),
                                           "text": {**text_sweep[tau][0], "threshold": tau},

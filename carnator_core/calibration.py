@@ -19,6 +19,7 @@ import random
 from pathlib import Path
 
 from .gate import FEATURES, RiskModel
+from .risk_control import certify, clopper_pearson_upper
 
 
 def exceeds_tolerance(psnr: float, checker_ok_reference: bool, checker_ok: bool,
@@ -63,17 +64,20 @@ def fit(instances: list[dict], region_threshold: float, l2: float = 1e-3,
 
 def gate_decision(model: RiskModel, inst: dict, alpha: float, max_region_fraction: float = 0.5,
                   min_k: int | None = None, max_k: int | None = None) -> dict | None:
-    """What the gate would accept for this instance at budget α: the deepest depth whose
-    predicted risk is within α (``gate.decide``'s rule), or None."""
+    """What the gate would accept for this instance at budget α: the deepest depth the risk
+    model accepts (``gate.decide``'s rule), or None."""
     if inst["features"]["region_fraction"] > max_region_fraction:
         return None
-    depths = [d for d in inst["depths"]
-              if (min_k is None or d["k"] >= min_k) and (max_k is None or d["k"] <= max_k)]
-    for d in sorted(depths, key=lambda d: -d["k"]):
-        risk = model.risk({**inst["features"], "depth_fraction": d["depth_fraction"]})
-        if risk <= alpha:
-            return {**d, "risk": risk}
+    for d in sorted(_depths(inst, min_k, max_k), key=lambda d: -d["k"]):
+        f = {**inst["features"], "depth_fraction": d["depth_fraction"]}
+        if model.accepts(f, alpha):
+            return {**d, "risk": model.risk(f)}
     return None
+
+
+def _depths(inst: dict, min_k: int | None, max_k: int | None) -> list[dict]:
+    return [d for d in inst["depths"]
+            if (min_k is None or d["k"] >= min_k) and (max_k is None or d["k"] <= max_k)]
 
 
 def evaluate(model: RiskModel, instances: list[dict], alphas=(0.02, 0.05, 0.10),
@@ -90,21 +94,47 @@ def evaluate(model: RiskModel, instances: list[dict], alphas=(0.02, 0.05, 0.10),
             "accept_rate": n / len(instances) if instances else 0.0,
             "false_accepts": bad,
             "false_accept_rate": bad / n if n else 0.0,
-            # one-sided 95% upper bound (Wilson), so a small sample is not over-read
-            "false_accept_upper95": _wilson_upper(bad, n),
+            # one-sided 95% upper bound (Clopper–Pearson), so a small sample is not over-read
+            "false_accept_upper95": clopper_pearson_upper(bad, n, 0.05),
             "holds": (bad / n if n else 0.0) <= a,
             "mean_depth_fraction": (sum(d["depth_fraction"] for d in acc) / n) if n else None,
         }
     return out
 
 
-def _wilson_upper(k: int, n: int, z: float = 1.645) -> float:
-    if n == 0:
-        return 1.0
-    p = k / n
-    centre = p + z * z / (2 * n)
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
-    return min(1.0, (centre + half) / (1 + z * z / n))
+GRID_POINTS = 400
+CERTIFIED_BUDGETS = (0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5)
+
+
+def certify_model(model: RiskModel, instances: list[dict], delta: float = 0.1,
+                  budgets=CERTIFIED_BUDGETS, max_region_fraction: float = 0.5,
+                  min_k: int | None = None, max_k: int | None = None) -> dict:
+    """Choose the gate's logit threshold for each budget by Learn-then-Test
+    (``risk_control.certify``) on measured reuses the model was *not* fitted on, store them
+    in ``model.thresholds`` with confidence 1−δ, and return the evidence per budget.
+
+    Identical requests are left out: the pipeline answers them as exact repeats, so the gate
+    never sees them and they would only dilute the measured risk.
+    """
+    per_inst = []  # each eligible instance: [(logit, label)] deepest depth first
+    for inst in instances:
+        if inst.get("kind") == "identical" or inst["features"]["region_fraction"] > max_region_fraction:
+            continue
+        scored = [(model.logit({**inst["features"], "depth_fraction": d["depth_fraction"]}), int(d["label"]))
+                  for d in sorted(_depths(inst, min_k, max_k), key=lambda d: -d["k"])]
+        if scored:
+            per_inst.append(scored)
+
+    def decisions(lam: float) -> list[int]:
+        picked = (next((y for z, y in scored if z <= lam), None) for scored in per_inst)
+        return [y for y in picked if y is not None]
+
+    grid = sorted({z for scored in per_inst for z, _ in scored})
+    grid = grid[::max(1, len(grid) // GRID_POINTS)]  # thinned by the logits alone, never labels
+    report = {f"{a:g}": certify(decisions, grid, a, delta) for a in budgets}
+    model.thresholds = {a: r["threshold"] for a, r in report.items() if r["threshold"] is not None}
+    model.confidence = 1.0 - delta
+    return {"delta": delta, "instances": len(per_inst), "budgets": report}
 
 
 def calibration_path(cache_folder: str | Path, model_fingerprint: str) -> Path:
@@ -132,4 +162,4 @@ def load_instances(path: str | Path) -> list[dict]:
 
 
 __all__ = ["FEATURES", "exceeds_tolerance", "rows_of", "split", "fit", "gate_decision",
-           "evaluate", "calibration_path", "save", "save_instances", "load_instances"]
+           "evaluate", "certify_model", "CERTIFIED_BUDGETS", "calibration_path", "save", "save_instances", "load_instances"]

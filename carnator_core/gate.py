@@ -51,6 +51,11 @@ class RiskModel:
     source: str = "default prior (uncalibrated)"
     depth_weights: dict[str, float] = field(default_factory=dict)  # missing = 0 (older files)
     evidence_scale: float | None = None
+    # Certified acceptance thresholds on the logit, one per risk budget α ("0.05": λ), chosen
+    # by calibration.certify (Learn-then-Test) with confidence ``confidence``. Empty: the gate
+    # compares the predicted risk with α directly (the prior, older files).
+    thresholds: dict[str, float] = field(default_factory=dict)
+    confidence: float | None = None
 
     def scaled(self, features: dict[str, float]) -> dict[str, float]:
         """The evidence as the weights see it (depth_fraction passes through)."""
@@ -68,6 +73,19 @@ class RiskModel:
     def risk(self, features: dict[str, float]) -> float:
         z = self.logit(features)
         return 1.0 / (1.0 + math.exp(-max(min(z, 50.0), -50.0)))
+
+    def threshold_for(self, alpha: float) -> tuple[float, float] | None:
+        """(certified α', λ) for the largest certified α' ≤ α, or None when no certified
+        budget is that strict (then nothing is accepted: the guarantee cannot be given)."""
+        fits = [(float(a), lam) for a, lam in self.thresholds.items() if float(a) <= alpha + 1e-12]
+        return max(fits) if fits else None
+
+    def accepts(self, features: dict[str, float], alpha: float) -> bool:
+        """The gate's test for one candidate at one depth under budget α."""
+        if not self.thresholds:
+            return self.risk(features) <= alpha
+        certified = self.threshold_for(alpha)
+        return certified is not None and self.logit(features) <= certified[1]
 
     def save(self, path: str | Path) -> None:
         Path(path).write_text(json.dumps(asdict(self), indent=2))
@@ -178,7 +196,7 @@ def risk_model_for(cache_folder: str | Path, model_fingerprint: str) -> RiskMode
 class GateSettings:
     risk_budget: float = 0.05      # α: the largest acceptable predicted risk
     min_depth: float = 0.2         # k* bounds as fractions of the step count
-    max_depth: float = 0.7
+    max_depth: float = 0.8         # 0.8·N measured safe for same-scene evidence, 0.9·N not
     max_region_fraction: float = 0.5  # beyond this the request is mostly new: reject
 
 
@@ -238,21 +256,7 @@ def decide(new: EarlySignature, candidates: list[tuple[str, EarlySignature, floa
             verdicts.append(Plan(False, features=feats, reason=(
                 f"no stored snapshot between steps {lo} and {hi}"), **base))
             continue
-        best = None
-        for k in depths:
-            f = {**feats, "depth_fraction": k / steps}
-            r = model.risk(f)
-            if r <= settings.risk_budget:
-                best = Plan(True, reuse_step=k, risk=r, features=f,
-                            reason=f"risk {r:.1%} ≤ budget {settings.risk_budget:.1%}", **base)
-                break
-        if best is None:
-            f = {**feats, "depth_fraction": depths[-1] / steps}
-            r = model.risk(f)
-            best = Plan(False, risk=r, features=f, reason=(
-                f"predicted risk {r:.1%} at the shallowest depth {depths[-1]} exceeds the "
-                f"budget {settings.risk_budget:.1%}"), **base)
-        verdicts.append(best)
+        verdicts.append(_deepest_acceptable(feats, depths, steps, model, settings.risk_budget, base))
     accepted = [p for p in verdicts if p.accept]
     if not accepted:
         if not verdicts:
@@ -260,3 +264,27 @@ def decide(new: EarlySignature, candidates: list[tuple[str, EarlySignature, floa
         return verdicts[0], verdicts  # the best-ranked candidate's verdict explains the miss
     accepted.sort(key=lambda p: (-p.reuse_step, p.risk))
     return accepted[0], verdicts
+
+
+def _deepest_acceptable(feats: dict[str, float], depths: list[int], steps: int,
+                        model: RiskModel, alpha: float, base: dict) -> Plan:
+    """The deepest depth (``depths`` deepest first) the risk model accepts under α."""
+    certified = model.threshold_for(alpha) if model.thresholds else None
+    if model.thresholds and certified is None:
+        smallest = min(float(a) for a in model.thresholds)
+        return Plan(False, features=feats, reason=(
+            f"no depth is certified at risk budget {alpha:.1%} for this model (the strictest "
+            f"certified budget is {smallest:.1%}): raise the budget or re-calibrate"), **base)
+    how = (f"certified at budget {certified[0]:.1%} with {model.confidence:.0%} confidence"
+           if certified else f"≤ budget {alpha:.1%}")
+    for k in depths:
+        f = {**feats, "depth_fraction": k / steps}
+        if model.accepts(f, alpha):
+            r = model.risk(f)
+            return Plan(True, reuse_step=k, risk=r, features=f,
+                        reason=f"risk {r:.1%} at k*={k} ({how})", **base)
+    f = {**feats, "depth_fraction": depths[-1] / steps}
+    r = model.risk(f)
+    return Plan(False, risk=r, features=f, reason=(
+        f"predicted risk {r:.1%} at the shallowest depth {depths[-1]} is not within the "
+        f"budget {alpha:.1%}"), **base)

@@ -30,8 +30,11 @@ log = logging.getLogger("carnator")
 @dataclass
 class ReuseSettings:
     probe_fraction: float = 0.1     # share of steps the probe runs (at least 1)
-    snapshot_count: int = 6         # stored x_k snapshots per trajectory
+    snapshot_count: int = 7         # stored x_k snapshots per trajectory (4, 6, …, 16 of 20)
     top_k: int = 3
+    # Model steps spent on the request's own coarse trajectory from the probe to k*, which
+    # fills region M on a hit (0: its probe x̂0 re-noised to k*, no extra step).
+    region_fill_calls: int = 0
     gate: GateSettings = field(default_factory=GateSettings)
     sparse: SparseSettings = field(default_factory=SparseSettings)
     store: bool = True
@@ -273,23 +276,42 @@ def lookup_and_gate(pr: ProbeResult) -> tuple[Plan, LookupResult]:
     return gate(pr, found, model)[0], found
 
 
-def _start_from_candidate(pr: ProbeResult, plan: Plan) -> torch.Tensor | None:
-    """Candidate's x_k outside M, the request's own re-noised x̂0 inside M."""
+def _start_from_candidate(pr: ProbeResult, plan: Plan) -> tuple[torch.Tensor | None, int]:
+    """(latent to resume from at k*, model steps spent on region M): the candidate's x_k
+    outside M; inside M the request's own estimate of its x_k."""
     k = plan.reuse_step
     tensors = guarded(pr.cache, "reading the snapshot", pr.cache.load_tensors, plan.entry_id,
                       [f"snapshot.{k}"])
     if tensors is None or f"snapshot.{k}" not in tensors:
-        return None
+        return None, 0
     stored = tensors[f"snapshot.{k}"]
     if tuple(stored.shape) != tuple(pr.run.latent_shape):
         raise CacheError(f"cached snapshot {shape_str(stored.shape)} does not match latent "
                          f"{shape_str(pr.run.latent_shape)} — no reuse")
     x_k = stored.to(pr.record.last_x0.device)
-    if plan.region_tiles is not None and bool(plan.region_tiles.any()):
-        mask = tiles_to_latent_mask(plan.region_tiles, pr.record.grid, pr.run.latent_shape)
-        own = pr.run.renoise(pr.record.last_x0, k)
-        x_k = torch.lerp(x_k, own, mask.to(x_k.device))
-    return pr.run.boundary_from_sampler_space(x_k, k)
+    if plan.region_tiles is None or not bool(plan.region_tiles.any()):
+        return pr.run.boundary_from_sampler_space(x_k, k), 0
+    return fill_region(pr.run, x_k, plan.region_tiles, pr.record.grid, pr.record.last_x0,
+                       pr.x_probe, pr.probe_steps, k, pr.settings.region_fill_calls)
+
+
+def fill_region(run, stored_x_k: torch.Tensor, region_tiles: torch.Tensor,
+                grid: tuple[int, int, int], x0_probe: torch.Tensor, x_probe: torch.Tensor,
+                probe_steps: int, k: int, calls: int) -> tuple[torch.Tensor, int]:
+    """The stored x_k outside region M, the request's own estimate inside, as the latent
+    ``run.sample`` resumes from at k; and the model steps that estimate cost.
+
+    ``calls`` 0: the probe's last x̂0 re-noised to σ_k with the request's own noise (free,
+    but a 2-step x̂0 is blurry). ``calls`` > 0: the request's own trajectory from the probe
+    to k in that many coarse steps (the conversions to the resume form are affine, so the
+    blend can happen after them)."""
+    mask = tiles_to_latent_mask(region_tiles, grid, run.latent_shape).to(stored_x_k.device)
+    if calls <= 0 or k <= probe_steps:
+        own = run.renoise(x0_probe, k)
+        return run.boundary_from_sampler_space(torch.lerp(stored_x_k, own, mask), k), 0
+    own = run.jump(probe_steps, k, x_probe, calls)
+    outside = run.boundary_from_sampler_space(stored_x_k, k)
+    return torch.lerp(outside, own.to(outside.device), mask.to(outside.device)), min(calls, k - probe_steps)
 
 
 def reuse(pr: ProbeResult, plan: Plan) -> tuple[torch.Tensor, Summary]:
@@ -303,21 +325,21 @@ def reuse(pr: ProbeResult, plan: Plan) -> tuple[torch.Tensor, Summary]:
         _finish_summary(pr, s, [])
         return pr.exact_latent, s
 
-    notes, start = [], None
+    notes, start, fill_steps, calls = [], None, 0, run.model_calls
     if plan.accept:
         try:
-            start = _start_from_candidate(pr, plan)
+            start, fill_steps = _start_from_candidate(pr, plan)
             if start is None:
                 notes.append(f"entry {plan.entry_id[:8]} lost its snapshot; ran as a miss")
         except CacheError as e:
             notes.append(str(e))
-    record, calls = pr.record.fork(), run.model_calls
+    record = pr.record.fork()
     own_connectivity = run.attention.measured()
     resume_at = plan.reuse_step if start is not None else pr.probe_steps
     _plan_attention(pr, plan if start is not None else None, own_connectivity, resume_at)
     if start is not None:
         final = run.sample(plan.reuse_step, n, start, record.on_step)
-        outcome, computed = "hit", pr.probe_steps + (n - plan.reuse_step)
+        outcome, computed = "hit", pr.probe_steps + fill_steps + (n - plan.reuse_step)
     else:
         final = run.sample(pr.probe_steps, n, pr.x_probe, record.on_step)
         outcome, computed = "miss", n

@@ -43,7 +43,7 @@ class CarnatorEarlyProbe(io.ComfyNode):
 
     @classmethod
     def execute(cls, model, positive, negative, latent_image, seed, steps, cfg, sampler_name,
-                scheduler, probe_fraction, seed_policy="same_seed", snapshot_count=6, label="",
+                scheduler, probe_fraction, seed_policy="same_seed", snapshot_count=None, label="",
                 cache=None) -> io.NodeOutput:
         settings = reuse_settings(probe_fraction, snapshot_count)
         result = start_request(model, positive, negative, latent_image, seed, steps, cfg,

@@ -27,7 +27,7 @@ class CarnatorSampler(io.ComfyNode):
     @classmethod
     def execute(cls, model, positive, negative, latent_image, seed, steps, cfg, sampler_name,
                 scheduler, probe_fraction, risk_budget, seed_policy="same_seed",
-                snapshot_count=6, label="", cache=None, min_depth=None, max_depth=None,
+                snapshot_count=None, label="", cache=None, min_depth=None, max_depth=None,
                 max_region=None, **sparse) -> io.NodeOutput:
         node_id = node_id_of(cls)
         settings = reuse_settings(probe_fraction, snapshot_count, risk_budget=risk_budget,

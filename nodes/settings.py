@@ -15,7 +15,7 @@ def sparse_settings(sparse_attention=None, keep_mass=None, min_density=None, ref
 
 
 def reuse_settings(probe_fraction: float, snapshot_count: int | None = None, **gate) -> ReuseSettings:
-    return ReuseSettings(probe_fraction=probe_fraction, snapshot_count=snapshot_count or 6,
+    return ReuseSettings(probe_fraction=probe_fraction, snapshot_count=snapshot_count or ReuseSettings.snapshot_count,
                          gate=gate_settings(**gate))
 
 

@@ -71,8 +71,8 @@ def graph(backbone: str, single_node: bool) -> dict[str, dict]:
     sampling = {"model": ["1", 0], "positive": ["2", 0], "negative": ["3", 0],
                 "latent_image": ["4", 0], "seed": SEED, "steps": STEPS, "cfg": CFG,
                 "sampler_name": "euler", "scheduler": "simple", "probe_fraction": 0.1,
-                "seed_policy": "same_seed", "snapshot_count": 6, "label": PROMPT}
-    gate = {"risk_budget": RISK_BUDGET, "min_depth": 0.2, "max_depth": 0.7, "max_region": 0.5}
+                "seed_policy": "same_seed", "snapshot_count": 7, "label": PROMPT}
+    gate = {"risk_budget": RISK_BUDGET, "min_depth": 0.2, "max_depth": 0.8, "max_region": 0.5}
     sparse = {"sparse_attention": True, "keep_mass": 0.9, "min_density": 0.1, "refresh_every": 0,
               "sparse_on_miss": False}
     if single_node:

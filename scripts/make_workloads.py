@@ -12,8 +12,13 @@ down, but the benchmark only needs prompt, seed and seed_policy.
   exact repeats. seed_policy same_seed.
 - serve.jsonl: a pool of scenes with Zipf popularity; every request is a fresh paraphrase of
   a drawn scene with a random seed, served under the shared_noise policy (4 canonical noises).
-- calibration.jsonl: pairs (anchor, variant) of every pair kind of tinyworld.world.make_pair,
-  same seed within a pair; seeds and prompt strings disjoint from iterate and serve.
+- calibration.jsonl: pairs (anchor, variant) of every pair kind of tinyworld.world.make_pair
+  but "identical" (an identical request is an exact repeat: the gate never sees it), same
+  seed within a pair; seeds and prompt strings disjoint from iterate and serve.
+- novel.jsonl: held out from calibration by construction: sessions (fixed seed) of edit
+  kinds the calibration pairs never contain — two attributes of one object changed at once,
+  the colours of two objects swapped, an object added or removed, a speed word added or
+  changed (the world has one speed, so the reference decides what the word does).
 """
 from __future__ import annotations
 
@@ -113,13 +118,93 @@ def serve(n_requests=240, n_scenes=40, zipf_s=1.1, seed=2002):
     return lines
 
 
-def calibration(n_pairs=110, seed=3003, exclude=()):
+CALIBRATION_KINDS = tuple(k for k in WD.PAIR_KINDS if k != "identical")
+SPEED_WORDS = ("quickly", "slowly", "steadily", "gently")
+
+
+def _two_attributes(scene, rng):
+    """Change two attributes of one object at once."""
+    s = _copy(scene)
+    i = rng.randrange(len(s["objects"]))
+    o = s["objects"][i]
+    taken = {x["colour"] for x in s["objects"]} | {x["position"] for x in s["objects"]}
+    changes = {"colour": [c for c in WD.COLOURS if c not in taken],
+               "shape": [x for x in WD.SHAPES if x != o["shape"]],
+               "motion": [x for x in WD.MOTIONS if x != o["motion"]],
+               "position": [x for x in WD.POSITIONS if x not in taken]}
+    attrs = rng.sample([a for a, opts in changes.items() if opts], 2)
+    for a in attrs:
+        o[a] = rng.choice(changes[a])
+    return s, "+".join(sorted(attrs))
+
+
+def _add_or_remove(scene, rng):
+    s = _copy(scene)
+    if len(s["objects"]) == 2:
+        s["objects"].pop(rng.randrange(2))
+        return s, "remove_object"
+    extra = WD.random_scene(rng, 2)["objects"]
+    o = next((x for x in extra if x["position"] != s["objects"][0]["position"]
+              and x["colour"] != s["objects"][0]["colour"]), None)
+    if o is None:
+        s, what = _two_attributes(scene, rng)
+        return s, f"two_attributes_{what}"
+    s["objects"].append(o)
+    return s, "add_object"
+
+
+def _with_speed(prompt, rng, old=None):
+    """Put a speed word after the first motion phrase (the world ignores speed)."""
+    word = rng.choice([w for w in SPEED_WORDS if w != old])
+    if old:
+        return prompt.replace(f" {old}", f" {word}", 1), word
+    for phrases in WD.MOTION_WORDS.values():
+        for ph in sorted(phrases, key=len, reverse=True):
+            if ph in prompt:
+                return prompt.replace(ph, f"{ph} {word}", 1), word
+    return prompt + f" {word}", word
+
+
+def novel(n_sessions=24, edits=6, seed=4004):
+    rng = random.Random(seed)
+    lines = []
+    for sess in range(n_sessions):
+        scene = WD.random_scene(rng, 1 if sess % 2 == 0 else 2)
+        req_seed, speed = 400_000 + sess, None
+        prompt = WD.caption(scene, canonical=True)
+        lines.append({"prompt": prompt, "seed": req_seed, "seed_policy": "same_seed",
+                      "session": sess, "edit": "start"})
+        for _ in range(edits):
+            kinds = ["two_attributes", "add_remove", "speed_word"] + (
+                ["colour_swap"] if len(scene["objects"]) == 2 else [])
+            kind = rng.choice(kinds)
+            if kind == "speed_word":
+                prompt, speed = _with_speed(prompt, rng, speed)
+                edit = "speed_word"
+            else:
+                if kind == "colour_swap":
+                    scene = _copy(scene)
+                    a, b = scene["objects"]
+                    a["colour"], b["colour"] = b["colour"], a["colour"]
+                    edit = "colour_swap"
+                elif kind == "two_attributes":
+                    scene, what = _two_attributes(scene, rng)
+                    edit = f"two_attributes_{what}"
+                else:
+                    scene, edit = _add_or_remove(scene, rng)
+                prompt, speed = WD.caption(scene, canonical=True), None
+            lines.append({"prompt": prompt, "seed": req_seed, "seed_policy": "same_seed",
+                          "session": sess, "edit": edit})
+    return lines
+
+
+def calibration(n_pairs=240, seed=3003, exclude=()):
     exclude = set(exclude)
     rng = random.Random(seed)
     lines, group, tries = [], 0, 0
     while group < n_pairs:
         tries += 1
-        kind = WD.PAIR_KINDS[group % len(WD.PAIR_KINDS)]
+        kind = CALIBRATION_KINDS[group % len(CALIBRATION_KINDS)]
         pair = WD.make_pair(kind, 900_000 + tries)
         pa, pb = pair["a"][1], pair["b"][1]
         if pa in exclude or pb in exclude:
@@ -145,11 +230,12 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=OUT)
     a = ap.parse_args(argv)
-    it, sv = iterate(), serve()
-    cal = calibration(exclude={x["prompt"] for x in it + sv})
-    assert not ({x["seed"] for x in cal} & {x["seed"] for x in it + sv})
+    it, sv, nv = iterate(), serve(), novel()
+    cal = calibration(exclude={x["prompt"] for x in it + sv + nv})
+    assert not ({x["seed"] for x in cal} & {x["seed"] for x in it + sv + nv})
     write("iterate", it, a.out)
     write("serve", sv, a.out)
+    write("novel", nv, a.out)
     write("calibration", cal, a.out)
 
 

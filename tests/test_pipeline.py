@@ -73,3 +73,55 @@ def test_other_shape_schedule_or_model_finds_no_candidates(tiny_models, requests
         assert s.outcome == "miss", name
         assert "none for this model" in s.lookup_message, (name, s.lookup_message)
         assert torch.isfinite(latent).all()
+
+
+def test_region_fill_follows_the_requests_own_trajectory(tiny_models, requests_in):
+    """Region M is filled from the request's own coarse trajectory (``region_fill_calls``
+    model steps from the probe to k*), the rest from the stored x_k; at full resolution the
+    jump *is* the request's own trajectory."""
+    from carnator_core.pipeline import TrajectoryRecord, fill_region
+    from carnator_core.signature import tiles_to_latent_mask
+    run = requests_in.run_obj(tiny_models["wan21"], "wan21", PROMPT)
+    p, k = 1, 7
+    other = requests_in.run_obj(tiny_models["wan21"], "wan21", RELATED)
+    stored = TrajectoryRecord(other, [k])
+    other.sample(0, other.steps, None, stored.on_step)
+    probe = TrajectoryRecord(run, [])
+    x_probe = run.sample(0, p, None, probe.on_step)
+    torch.testing.assert_close(run.jump(p, k, x_probe, k - p), run.sample(p, k, x_probe),
+                               rtol=1e-4, atol=1e-4)
+
+    region = torch.zeros(probe.grid[0] * probe.grid[1] * probe.grid[2], dtype=torch.bool)
+    region[: region.numel() // 3] = True
+    calls = run.model_calls
+    start, spent = fill_region(run, stored.snapshots[k], region, probe.grid, probe.last_x0,
+                               x_probe, p, k, 2)
+    assert spent == 2 and run.model_calls - calls == 2
+    mask = tiles_to_latent_mask(region, probe.grid, run.latent_shape).bool().expand_as(start)
+    own = run.jump(p, k, x_probe, 2)
+    outside = run.boundary_from_sampler_space(stored.snapshots[k], k)
+    assert mask.any() and (~mask).any()
+    torch.testing.assert_close(start[mask], own[mask])
+    torch.testing.assert_close(start[~mask], outside[~mask])
+    # the free fill (calls=0) spends no model step
+    calls = run.model_calls
+    _, spent = fill_region(run, stored.snapshots[k], region, probe.grid, probe.last_x0, x_probe, p, k, 0)
+    assert spent == 0 and run.model_calls == calls
+
+
+def test_a_hit_counts_the_region_fill_steps(tiny_models, requests_in):
+    from carnator_core import pipeline
+    from carnator_core.gate import GateSettings, RiskModel
+    model = tiny_models["wan21"]
+    requests_in(model, "wan21", PROMPT)
+    requests_in.settings.region_fill_calls = 2
+    cache, _ = pipeline.open_cache(requests_in.cache_folder, 1 << 30)
+    pr = pipeline.probe(requests_in.run_obj(model, "wan21", RELATED), cache, requests_in.settings)
+    plan, _ = pipeline.gate(pr, pipeline.lookup(pr), RiskModel(), GateSettings(risk_budget=1.0))
+    assert plan.accept, plan.reason
+    plan.region_tiles = torch.zeros_like(plan.region_tiles)
+    plan.region_tiles[:4] = True  # an edit: some tiles must be the request's own
+    _, s = pipeline.reuse(pr, plan)
+    n, p = s.steps_total, pr.probe_steps
+    assert s.outcome == "hit" and s.steps_computed == p + 2 + (n - plan.reuse_step)
+    assert s.model_calls == s.steps_computed

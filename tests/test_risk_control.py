@@ -1,0 +1,100 @@
+"""The gate's certified thresholds (carnator_core/risk_control.py, calibration.certify_model).
+
+Synthetic cases with a known answer: scores s ~ U(0, 1), a reuse misses tolerance with
+probability s, so the risk among reuses accepted at threshold λ is λ/2 and the largest
+threshold that keeps it within α is λ* = 2α. Learn-then-Test must stay at or below λ* in at
+least 1−δ of independent calibration draws, and come close to λ* when data are plentiful.
+"""
+import random
+
+import pytest
+
+from carnator_core import calibration as CAL
+from carnator_core import risk_control as RC
+from carnator_core.gate import GateSettings, RiskModel, decide
+from carnator_core.signature import EarlySignature
+
+
+def _draw(n, rng):
+    return [(s, int(rng.random() < s)) for s in (rng.random() for _ in range(n))]
+
+
+def _certify(pairs, alpha, delta):
+    grid = sorted(s for s, _ in pairs)[::5]
+    return RC.certify(lambda lam: [y for s, y in pairs if s <= lam], grid, alpha, delta)
+
+
+def test_binomial_helpers_match_known_values():
+    assert RC.binomial_cdf(0, 10, 0.1) == pytest.approx(0.9 ** 10)
+    assert RC.binomial_cdf(3, 10, 0.5) == pytest.approx(176 / 1024)
+    # 0 failures of n: the exact upper bound solves (1 − p)^n = δ
+    assert RC.clopper_pearson_upper(0, 50, 0.05) == pytest.approx(1 - 0.05 ** (1 / 50), rel=1e-6)
+    assert RC.clopper_pearson_lower(0, 50, 0.05) == 0.0
+    assert RC.clopper_pearson_lower(25, 50, 0.05) < 0.5 < RC.clopper_pearson_upper(25, 50, 0.05)
+    assert RC.min_accepted(0.05, 0.1) == 45  # 0.95^45 ≤ 0.1 < 0.95^44
+
+
+def test_certified_threshold_holds_with_the_stated_confidence():
+    alpha, delta, trials = 0.1, 0.1, 200
+    rng = random.Random(7)
+    over = 0
+    for _ in range(trials):
+        res = _certify(_draw(400, rng), alpha, delta)
+        over += res["threshold"] is not None and res["threshold"] > 2 * alpha
+    # Binomial(200, δ) exceeds 30 with probability < 1%: a broken procedure lands far above
+    assert over <= 30, f"certified above λ* in {over}/{trials} draws (δ = {delta})"
+
+
+def test_certified_threshold_is_close_to_the_truth_with_plenty_of_data():
+    res = _certify(_draw(20000, random.Random(3)), 0.1, 0.1)
+    assert 0.17 < res["threshold"] <= 0.2
+    assert res["upper_bound"] <= 0.1 and res["accepted"] > 3000
+
+
+def test_too_few_reuses_certify_nothing():
+    res = _certify(_draw(30, random.Random(1)), 0.05, 0.1)
+    assert res["threshold"] is None and res["tested"] == 0  # 30 < min_accepted(0.05, 0.1)
+
+
+def _instance(kind, agree, labels):
+    """An instance with same-scene (agree) or edit evidence and labels at depths 4…16."""
+    feats = ({"outside_mean": 0.002, "outside_max": 0.01, "region_fraction": 0.0, "similarity_gap": 0.001}
+             if agree else {"outside_mean": 0.05, "outside_max": 0.33, "region_fraction": 0.15,
+                            "similarity_gap": 0.1})
+    return {"kind": kind, "features": {**feats, "depth_fraction": 0.0},
+            "depths": [{"k": k, "depth_fraction": k / 20, "label": y}
+                       for k, y in zip((4, 8, 12, 16), labels)]}
+
+
+def test_certified_model_reuses_same_scene_deep_and_edits_shallow():
+    """Evidence decides depth: a paraphrase is safe at 16 of 20 steps, an edit only at 4."""
+    rng = random.Random(0)
+    fit_set, cert_set = [], []
+    for i in range(400):
+        agree = i % 2 == 0
+        labels = [0, 0, 0, int(rng.random() < 0.01)] if agree else [0, int(rng.random() < 0.3), 1, 1]
+        (fit_set if i < 160 else cert_set).append(
+            _instance("same" if agree else "edit", agree, labels))
+    cert_set.append(_instance("identical", True, [1, 1, 1, 1]))  # exact repeats never reach the gate
+    model = CAL.fit(fit_set, 0.35, form="interaction")
+    report = CAL.certify_model(model, cert_set, delta=0.1)
+    assert report["instances"] == 240  # the identical pair is left out
+    assert "0.05" in model.thresholds and model.confidence == pytest.approx(0.9)
+    assert report["budgets"]["0.05"]["upper_bound"] <= 0.05
+    same, edit = (CAL.gate_decision(model, _instance(k, a, [0] * 4), 0.05)
+                  for k, a in (("same", True), ("edit", False)))
+    assert same["k"] == 16 and edit["k"] == 4, (same, edit)
+    # the gate uses the same certified rule, and refuses a budget stricter than any certified
+    sig = EarlySignature(1, (1, 1, 1), __import__("torch").zeros(16, 1), None)
+    plan, _ = decide(sig, [("e1", sig, 1.0, [4, 8, 12, 16])], 20, 2, model, GateSettings(risk_budget=0.05))
+    assert plan.accept and plan.reuse_step == 16 and "certified" in plan.reason
+    strict = min(float(a) for a in model.thresholds) / 2
+    plan, _ = decide(sig, [("e1", sig, 1.0, [4, 8, 12, 16])], 20, 2, model,
+                     GateSettings(risk_budget=strict))
+    assert not plan.accept and "no depth is certified" in plan.reason
+    # thresholds survive a save and load
+    import tempfile
+    with tempfile.TemporaryDirectory() as d:
+        path = CAL.save(model, d, "fp")
+        loaded = RiskModel.load(path)
+    assert loaded.thresholds == pytest.approx(model.thresholds) and loaded.confidence == model.confidence
