@@ -36,6 +36,7 @@ gate_* variants that leave exact repeats out.
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import math
 import os
@@ -51,6 +52,8 @@ for p in (os.path.join(REPO, "tests"), REPO):  # REPO first: the tinyworld packa
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
+
+from carnator_core.risk_control import clopper_pearson_lower, clopper_pearson_upper  # noqa: E402
 
 DEFAULT_MODEL = os.path.join(REPO, "models", "tinyworld", "carnator_tinyworld_wan21.safetensors")
 WORKLOADS = os.path.join(REPO, "bench", "workloads")
@@ -117,6 +120,12 @@ class World:
     def latent(self) -> dict:
         return {"samples": torch.zeros(self.latent_shape)}
 
+    def with_model(self, model) -> "World":
+        """The same world on another ComfyUI model (e.g. the model with EasyCache applied)."""
+        other = copy.copy(self)
+        other.model = model
+        return other
+
     @property
     def fingerprint(self) -> str:
         from carnator_core.comfy_adapter import model_fingerprint
@@ -171,6 +180,19 @@ def check_ok(video: torch.Tensor, prompt: str, attrs: dict | None = None) -> boo
 
 
 # ------------------------------------------------------------------ metrics
+def workload_psnr(recs: list[dict]) -> float | None:
+    if not recs:
+        return None
+    mse = sum(10 ** (-r["psnr"] / 10) for r in recs) / len(recs)
+    return 100.0 if mse <= 1e-10 else 10 * math.log10(1.0 / mse)
+
+
+def same_scene(prompt_a: str, prompt_b: str) -> bool:
+    """Do two prompts describe the same scene (paraphrases, repeats)?"""
+    from tinyworld import world as WD
+    return WD.scene_key(WD.parse_caption(prompt_a)) == WD.scene_key(WD.parse_caption(prompt_b))
+
+
 def metrics(recs: list[dict], psnr_bound: float) -> dict:
     n = len(recs)
 
@@ -190,7 +212,19 @@ def metrics(recs: list[dict], psnr_bound: float) -> dict:
         return sum(xs) / len(xs) if xs else None
 
     mo = ratio(miss, "t", "t_full")
+    n_fa = sum(fa(r) for r in acc)
+    same = [r for r in gate if r.get("same_scene")]
+    other = [r for r in gate if r.get("same_scene") is False]
     return {
+        "false_accept_ci95": [clopper_pearson_lower(n_fa, len(acc), 0.025),
+                              clopper_pearson_upper(n_fa, len(acc), 0.025)] if acc else None,
+        "same_scene_hit_rate": len(same) / n if n else 0.0,
+        "steps_speedup_same_scene_hits": ratio(same, "steps_total", "steps_computed"),
+        "steps_speedup_other_hits": ratio(other, "steps_total", "steps_computed"),
+        "gate_hit_speedup_same_scene": ratio(same, "t_full", "t"),
+        "mean_reuse_step": mean(r["reuse_step"] for r in gate if r.get("reuse_step") is not None),
+        # 10·log10(1 / mean MSE): one quality number for a whole workload, exact results included
+        "psnr_workload": workload_psnr(recs),
         "requests": n,
         "hit_rate": len(acc) / n if n else 0.0,
         "exact_rate": (len(acc) - len(gate)) / n if n else 0.0,
@@ -299,8 +333,26 @@ def run_text(world: World, lines, refs, band_depths, thresholds, psnr_bound) -> 
     return per, sweep
 
 
+def eased(world: World, threshold: float) -> World:
+    """The world's model with ComfyUI's own EasyCache applied (its node, default range)."""
+    from comfy_extras.nodes_easycache import EasyCacheNode
+    return world.with_model(EasyCacheNode.execute(world.model, threshold, 0.15, 0.95, False).result[0])
+
+
+def run_easycache(world: World, lines, refs, threshold: float, psnr_bound: float) -> dict:
+    """Every request computed with EasyCache alone (no cross-request reuse)."""
+    ew = eased(world, threshold)
+    recs = []
+    for ref, r in zip(refs, run_reference(ew, lines, (), 1)):
+        recs.append({"outcome": "miss", "t": r["seconds"], "t_full": ref["seconds"],
+                     "psnr": psnr(r["video"], ref["video"]), "ssim": ssim(r["video"], ref["video"]),
+                     "ok": r["ok"], "ok_full": ref["ok"], "steps_total": world.steps,
+                     "steps_computed": world.steps, "attrs": r["attrs"], "attrs_full": ref["attrs"]})
+    return metrics(recs, psnr_bound)
+
+
 def run_carnator(world: World, lines, refs, budget, risk_model_path, psnr_bound, sparse: bool,
-                 workdir: str) -> tuple[dict, list[dict]]:
+                 workdir: str, fill_calls: int = 0) -> tuple[dict, list[dict]]:
     from carnator_core.comfy_adapter import run_request
     from carnator_core.gate import GateSettings
     from carnator_core.pipeline import ReuseSettings
@@ -314,8 +366,8 @@ def run_carnator(world: World, lines, refs, budget, risk_model_path, psnr_bound,
         shutil.copy(risk_model_path, dst)
     settings = ReuseSettings(probe_fraction=0.1,
                              gate=GateSettings(risk_budget=budget),
-                             sparse=SparseSettings(enabled=sparse))
-    recs = []
+                             sparse=SparseSettings(enabled=sparse), region_fill_calls=fill_calls)
+    recs, prompt_of = [], {}
     for i, ln in enumerate(lines):
         t0 = time.perf_counter()
         samples, s = run_request(world.model, world.cond(ln["prompt"]), world.negative, world.latent(),
@@ -333,7 +385,11 @@ def run_carnator(world: World, lines, refs, budget, risk_model_path, psnr_bound,
                      "reuse_step": s.reuse_step, "risk": s.risk,
                      "sparse_calls": s.sparse_calls, "sparse_density": s.sparse_density,
                      "region_fraction": s.region_fraction, "edit": ln.get("edit") or ln.get("kind"),
-                     "entry_id": s.entry_id, "stored_id": s.stored_id})
+                     "entry_id": s.entry_id, "stored_id": s.stored_id,
+                     "same_scene": (same_scene(ln["prompt"], prompt_of[s.entry_id])
+                                    if s.outcome == "hit" and s.entry_id in prompt_of else None)})
+        if s.stored_id:
+            prompt_of[s.stored_id] = ln["prompt"]
     m = metrics(recs, psnr_bound)
     if sparse:
         gate_hits = [r for r in recs if r["outcome"] == "hit"]
@@ -472,11 +528,11 @@ def merge(paths: list[str], out: str, plots: bool = True) -> dict:
         if not results:
             results = {k: v for k, v in part.items() if k != "plots"}
             results["settings"] = {**part["settings"], "merged_from": [], "seconds": 0.0}
-            for key in ("workloads", "sweeps", "comparison", "breakdown"):
+            for key in ("workloads", "sweeps", "comparison", "breakdown", "records"):
                 results[key] = {}
         if part["settings"]["fingerprint"] != results["settings"]["fingerprint"]:
             raise SystemExit(f"{p} was measured on another model; not merging")
-        for key in ("workloads", "sweeps", "comparison", "breakdown"):
+        for key in ("workloads", "sweeps", "comparison", "breakdown", "records"):
             results[key].update(part.get(key, {}))
         results["settings"]["merged_from"].append(os.path.basename(p))
         results["settings"]["seconds"] += part["settings"].get("seconds", 0.0)
@@ -511,6 +567,12 @@ def main(argv=None) -> dict:
                     help="torch threads (1 is fastest on a shared 2-core machine)")
     ap.add_argument("--out", default=os.path.join(RESULTS, "tinyworld.json"))
     ap.add_argument("--no-plots", action="store_true")
+    ap.add_argument("--fill-calls", type=int, default=None,
+                    help="model steps filling region M on a hit (default: ReuseSettings')")
+    ap.add_argument("--easycache", type=float, nargs="*", default=[],
+                    help="also run ComfyUI's EasyCache alone at these thresholds")
+    ap.add_argument("--easycache-carnator", type=float, nargs="*", default=[],
+                    help="also run Carnator (main budget) on the model with EasyCache at these thresholds")
     ap.add_argument("--records", action="store_true",
                     help="also write every Carnator request's record (per budget) to the JSON")
     ap.add_argument("--merge", nargs="+", metavar="JSON",
@@ -529,6 +591,7 @@ def main(argv=None) -> dict:
     rm = RiskModel.load(rm_path) if rm_path else RiskModel()
     budgets = sorted(set(a.budgets) | {a.main_budget})
     settings = ReuseSettings(probe_fraction=0.1, gate=GateSettings())
+    fill_calls = settings.region_fill_calls if a.fill_calls is None else a.fill_calls
     snaps = settings.snapshot_steps(a.steps)
     probe_steps = settings.probe_steps(a.steps)
     band_depths = [snaps[1], snaps[len(snaps) // 2], snaps[-1]] if len(snaps) >= 3 else snaps
@@ -540,6 +603,8 @@ def main(argv=None) -> dict:
                             "thresholds": a.thresholds, "text_band_depths": band_depths,
                             "snapshot_steps": snaps, "probe_steps": probe_steps,
                             "sparse_system": not a.no_sparse_system, "limit": a.limit,
+                            "region_fill_calls": fill_calls, "easycache": a.easycache,
+                            "easycache_carnator": a.easycache_carnator,
                             "risk_model": rm.source, "risk_model_calibrated": rm.calibrated,
                             "threads": a.threads}}
     workdir = tempfile.mkdtemp(prefix="carnator_bench_")
@@ -558,7 +623,19 @@ def main(argv=None) -> dict:
             carn = {}
             for b in budgets:
                 print(f"[{name}] carnator α={b:g} …", flush=True)
-                carn[b] = run_carnator(world, lines, refs, b, rm_path, a.psnr_bound, False, workdir)
+                carn[b] = run_carnator(world, lines, refs, b, rm_path, a.psnr_bound, False, workdir,
+                                       fill_calls)
+            composed = {}
+            for tau in a.easycache:
+                print(f"[{name}] EasyCache {tau:g} …", flush=True)
+                composed[f"easycache_{tau:g}"] = {**run_easycache(world, lines, refs, tau, a.psnr_bound),
+                                                  "easycache_threshold": tau}
+            for tau in a.easycache_carnator:
+                print(f"[{name}] carnator α={a.main_budget:g} + EasyCache {tau:g} …", flush=True)
+                m = run_carnator(eased(world, tau), lines, refs, a.main_budget, rm_path, a.psnr_bound,
+                                 False, workdir, fill_calls)[0]
+                composed[f"carnator_easycache_{tau:g}"] = {**m, "easycache_threshold": tau,
+                                                           "risk_budget": a.main_budget}
             main_c = carn[a.main_budget][0]
             if a.records:
                 results.setdefault("records", {})[name] = {f"{b:g}": recs for b, (_, recs) in carn.items()}
@@ -566,9 +643,11 @@ def main(argv=None) -> dict:
             results["workloads"][name] = {"full": metrics(full_recs, a.psnr_bound),
                                           "text": {**text_sweep[tau][0], "threshold": tau},
                                           "carnator": {**main_c, "risk_budget": a.main_budget}}
+            results["workloads"][name].update(composed)
             if not a.no_sparse_system:
                 print(f"[{name}] carnator α={a.main_budget:g} with sparse attention …", flush=True)
-                sp = run_carnator(world, lines, refs, a.main_budget, rm_path, a.psnr_bound, True, workdir)[0]
+                sp = run_carnator(world, lines, refs, a.main_budget, rm_path, a.psnr_bound, True, workdir,
+                                  fill_calls)[0]
                 results["workloads"][name]["carnator_sparse"] = {**sp, "risk_budget": a.main_budget}
             results["sweeps"][name] = {
                 "text": [{"threshold": t, **m} for t, (m, _) in text_sweep.items()],

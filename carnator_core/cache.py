@@ -276,7 +276,10 @@ class TrajectoryCache:
         return None
 
     def lookup(self, class_key: str, signature: torch.Tensor, top_k: int = 3) -> LookupResult:
-        """Entries of the same compatibility class ranked by signature cosine."""
+        """Entries of the same compatibility class that were computed in full, ranked by
+        signature cosine. An entry that itself reused another (``source_entry`` set) is no
+        reuse source: its snapshots carry that entry's trajectory and its own reuse error,
+        which its signature does not describe (chained reuse broke the risk budget)."""
         with self._db() as db:
             rows = list(db.query("SELECT * FROM entries WHERE class_key = ?", [class_key]))
             total = db.execute("SELECT count(*) FROM entries").fetchone()[0]
@@ -285,6 +288,11 @@ class TrajectoryCache:
                    f"cache holds {_entries(total)}, none for this model, latent shape, sigma "
                    "schedule, sampler, cfg and seed")
             return LookupResult([], msg)
+        reused = len(rows)
+        rows = [r for r in rows if not r.get("source_entry")]
+        if not rows:
+            return LookupResult([], f"{_entries(reused)} in this class, all made by reuse "
+                                "(kept for exact repeats, not as reuse sources)")
         query = signature.float().reshape(-1)
         scored = []
         for row in rows:

@@ -423,6 +423,9 @@ def _store(pr: ProbeResult, record: TrajectoryRecord, final: torch.Tensor,
            "source_entry": plan.entry_id if plan else None,
            "class_json": str(pr.klass), "latent_format": run.latent_format}
     tensors = record.tensors(final)
+    if plan is not None:  # a reuse is kept for exact repeats only (cache.lookup): no snapshots
+        tensors = {k: v for k, v in tensors.items() if not k.startswith("snapshot.")}
+        row["snapshot_steps"], connectivity = "[]", None
     if connectivity is not None:
         tensors.update(connectivity.to_tensors())
     return guarded(pr.cache, "storing the trajectory", pr.cache.store, row, tensors,

@@ -125,3 +125,21 @@ def test_a_hit_counts_the_region_fill_steps(tiny_models, requests_in):
     n, p = s.steps_total, pr.probe_steps
     assert s.outcome == "hit" and s.steps_computed == p + 2 + (n - plan.reuse_step)
     assert s.model_calls == s.steps_computed
+
+
+def test_a_reused_trajectory_is_kept_for_exact_repeats_but_never_reused(tiny_models, requests_in):
+    """Chained reuse (C reusing B, which reused A) compounds B's own reuse error, and B's
+    snapshots are A's trajectory, not what B's signature describes: only entries computed in
+    full are reuse sources."""
+    from carnator_core.cache import TrajectoryCache
+    model = tiny_models["wan21"]
+    _, a = requests_in(model, "wan21", PROMPT)
+    _, b = requests_in(model, "wan21", RELATED)
+    assert a.outcome == "miss" and b.outcome == "hit" and b.entry_id == a.stored_id and b.stored_id
+    cache = TrajectoryCache(requests_in.cache_folder, 1 << 30)
+    stored_b = cache.load_tensors(b.stored_id)
+    assert "final" in stored_b and not any(k.startswith("snapshot.") for k in stored_b)
+    _, c = requests_in(model, "wan21", RELATED + " today")
+    assert c.outcome == "hit" and c.entry_id == a.stored_id, c.text()
+    _, again = requests_in(model, "wan21", RELATED)
+    assert again.outcome == "exact" and again.entry_id == b.stored_id
