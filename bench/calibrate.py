@@ -114,7 +114,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--cfg", type=float, default=4.0)
     ap.add_argument("--psnr-bound", type=float, default=30.0)
-    ap.add_argument("--holdout", type=float, default=0.5,
+    ap.add_argument("--holdout", type=float, default=CAL.CERTIFY_SHARE,
                     help="share of the pairs kept out of the fit: the thresholds are certified on them")
     ap.add_argument("--delta", type=float, default=0.1,
                     help="1 − confidence of the certified thresholds (Learn-then-Test)")

@@ -11,8 +11,8 @@ then Test", 2021, selective risk). How: for a grid of λ from strict to permissi
 "risk among accepted > α" is tested with the exact binomial p-value of the accepted reuses'
 failures; fixed-sequence testing walks the grid in order and stops at the first λ it cannot
 reject, so no multiplicity correction is needed (family-wise error ≤ δ). λ values that accept
-too few reuses to ever reject are skipped before testing: that choice looks only at the
-evidence, never at the labels, so it keeps the guarantee.
+too few reuses for the test to have power (``min_tested``) are skipped before testing: that
+choice looks only at the evidence, never at the labels, so it keeps the guarantee.
 """
 from __future__ import annotations
 
@@ -54,6 +54,19 @@ def min_accepted(alpha: float, delta: float) -> int:
     return math.ceil(math.log(delta) / math.log1p(-alpha))
 
 
+def min_tested(alpha: float, delta: float, limit: int = 100_000) -> int:
+    """The fewest accepted reuses at which a failure rate of α/2 would be certified.
+
+    Fixed-sequence testing stops at its first failure, so a test on a handful of reuses
+    (where one unlucky failure cannot be rejected) would end the walk before the thresholds
+    with enough evidence are reached. Thresholds that accept fewer reuses than this are not
+    tested; the count depends on the evidence only, never on labels."""
+    n = min_accepted(alpha, delta)
+    while n < limit and binomial_cdf(math.floor(alpha * n / 2), n, alpha) > delta:
+        n += 1
+    return n
+
+
 def certify(decisions: Callable[[float], list[int]], grid: list[float], alpha: float,
             delta: float) -> dict:
     """Learn-then-Test with fixed-sequence testing over ``grid`` (strict → permissive).
@@ -61,7 +74,7 @@ def certify(decisions: Callable[[float], list[int]], grid: list[float], alpha: f
     ``decisions(λ)`` returns the labels (1 = missed tolerance) of the reuses the rule accepts
     at λ. Returns the most permissive certified λ (None if none) and its evidence.
     """
-    need = min_accepted(alpha, delta)
+    need = min_tested(alpha, delta)
     best = {"alpha": alpha, "delta": delta, "threshold": None, "accepted": 0, "failures": 0,
             "p_value": None, "upper_bound": None, "tested": 0}
     for lam in sorted(grid):

@@ -32,6 +32,8 @@ def test_binomial_helpers_match_known_values():
     assert RC.clopper_pearson_lower(0, 50, 0.05) == 0.0
     assert RC.clopper_pearson_lower(25, 50, 0.05) < 0.5 < RC.clopper_pearson_upper(25, 50, 0.05)
     assert RC.min_accepted(0.05, 0.1) == 45  # 0.95^45 ≤ 0.1 < 0.95^44
+    n = RC.min_tested(0.05, 0.1)  # where a failure rate of α/2 becomes certifiable
+    assert RC.binomial_cdf(int(0.025 * n), n, 0.05) <= 0.1 < RC.binomial_cdf(int(0.025 * (n - 1)), n - 1, 0.05)
 
 
 def test_certified_threshold_holds_with_the_stated_confidence():
