@@ -138,7 +138,11 @@ class TrajectoryCache(IndexRepair):
     @contextmanager
     def _db(self) -> Iterator[sqlite_utils.Database]:
         with self.lock():
-            conn = sqlite3.connect(str(self.db_path), timeout=self.busy_timeout_s,
+            # a full disk cannot even hold WAL's shared-memory file: read the index as it
+            # is on disk (immutable), so stored results are still served
+            target, uri = (f"file:{self.db_path}?immutable=1", True) if self.read_only else (
+                str(self.db_path), False)
+            conn = sqlite3.connect(target, timeout=self.busy_timeout_s, uri=uri,
                                    isolation_level=None, check_same_thread=False)
             try:
                 conn.execute(f"PRAGMA busy_timeout={int(self.busy_timeout_s * 1000)}")
@@ -290,6 +294,8 @@ class TrajectoryCache(IndexRepair):
     def _handle_missing(self, entry_id: str) -> None:
         """A row whose file is gone. Eviction deletes the row before the file, so if the
         row is gone too another process evicted it: nothing was lost."""
+        if self.read_only:
+            return
         with self._write() as db:
             gone = db.execute("DELETE FROM entries WHERE id = ?", [entry_id]).rowcount
             if gone:
@@ -298,6 +304,9 @@ class TrajectoryCache(IndexRepair):
             self._report(f"cache entry {entry_id} lost its tensor file; removed from the index")
 
     def _quarantine_entry(self, entry_id: str, why: str) -> None:
+        if self.read_only:  # cannot move anything now; a later open finds it again
+            self._report(f"cache entry {entry_id} is damaged ({why}); not used")
+            return
         with self._write() as db:  # the row first: other readers stop trusting it at once
             if db.execute("DELETE FROM entries WHERE id = ?", [entry_id]).rowcount:
                 self._log_removal(db, entry_id, "quarantined")
@@ -349,12 +358,13 @@ class TrajectoryCache(IndexRepair):
             self._report(f"trajectory not stored: NaN or infinite values in {', '.join(bad)}")
             return None
         hashes = hash_table(payload)
-        meta_row = {k: v for k, v in row.items() if k not in ("signature", "bytes", "checksum")}
-        row["checksum"] = entry_checksum(entry_id, hashes)
+        meta_json = json.dumps({k: v for k, v in row.items()
+                                if k not in ("signature", "bytes", "checksum")})
+        row["checksum"] = entry_checksum(entry_id, hashes, meta_json)
         row["signature"] = payload["signature"].numpy().astype(np.float32).tobytes()
         final = self.tensor_path(entry_id)
         with self.lock():  # shared: a repair or Clear all waits until the row is in
-            if not self._write_file(final, payload, {"carnator_entry": json.dumps(meta_row),
+            if not self._write_file(final, payload, {"carnator_entry": meta_json,
                                                      "carnator_hashes": hashes}):
                 return None
             kill_point("store.renamed")

@@ -76,9 +76,11 @@ def tensor_hash(name: str, dtype: str, shape: list[int], data: bytes | memoryvie
     return h.hexdigest()
 
 
-def entry_checksum(entry_id: str, hashes_json: str) -> str:
-    """What the index row stores: binds the hash table to this entry id."""
-    return hashlib.blake2b(f"{entry_id}\n{hashes_json}".encode(), digest_size=16).hexdigest()
+def entry_checksum(entry_id: str, hashes_json: str, entry_json: str) -> str:
+    """What the index row stores: binds the hash table and the file's own copy of the row
+    (what a rebuild would index) to this entry id."""
+    return hashlib.blake2b(f"{entry_id}\n{hashes_json}\n{entry_json}".encode(),
+                           digest_size=16).hexdigest()
 
 
 def hash_table(tensors: dict[str, torch.Tensor]) -> str:
@@ -159,7 +161,9 @@ def read_entry(path: Path, entry_id: str, checksum: str | None,
             header, meta, data_start = read_header(f, path, size)
             row = _row_of(path, meta, entry_id)
             hashes_json = meta.get("carnator_hashes")
-            hashes = _hashes_of(path, hashes_json, entry_id, checksum)
+            file_checksum = (None if hashes_json is None else
+                             entry_checksum(entry_id, str(hashes_json), meta["carnator_entry"]))
+            hashes = _hashes_of(path, hashes_json, file_checksum, checksum)
             wanted = list(header) if names is None else [n for n in names if n in header]
             tensors = {}
             for name in wanted:
@@ -175,7 +179,7 @@ def read_entry(path: Path, entry_id: str, checksum: str | None,
         if isinstance(e, OSError) and e.errno in (errno.EISDIR, errno.ELOOP):
             raise _damage(path, f"not a regular file ({e.strerror})") from None
         raise EntryUnreadable(f"{path.name}: {getattr(e, 'strerror', None) or e!r}") from None
-    return row, tensors, None if hashes is None else entry_checksum(entry_id, hashes_json)
+    return row, tensors, file_checksum
 
 
 def _row_of(path: Path, meta: dict[str, str], entry_id: str) -> dict[str, Any]:
@@ -189,13 +193,14 @@ def _row_of(path: Path, meta: dict[str, str], entry_id: str) -> dict[str, Any]:
     return row
 
 
-def _hashes_of(path: Path, hashes_json: Any, entry_id: str, checksum: str | None) -> dict | None:
+def _hashes_of(path: Path, hashes_json: Any, file_checksum: str | None,
+               checksum: str | None) -> dict | None:
     if hashes_json is None:
         if checksum:
             raise _damage(path, "has no checksums but its index row has one")
         return None  # written before checksums existed: unverified but usable
-    if checksum and entry_checksum(entry_id, hashes_json) != checksum:
-        raise _damage(path, "its checksum table differs from the one in the index")
+    if checksum and file_checksum != checksum:
+        raise _damage(path, "its metadata or checksum table differs from what the index recorded")
     try:
         hashes = json.loads(hashes_json)
     except (TypeError, json.JSONDecodeError):
