@@ -353,11 +353,15 @@ class TrajectoryCache(IndexRepair):
                "hits": 0, "steps_saved": 0.0, "pinned": 0}
         payload = {k: v.detach().to("cpu").contiguous() for k, v in tensors.items()}
         payload["signature"] = signature.detach().float().cpu().contiguous()
+        try:  # the dtype check first: isfinite does not exist for every dtype
+            hashes = hash_table(payload)
+        except ValueError as e:  # a dtype this cache cannot checksum and read back
+            self._report(f"trajectory not stored: {e}")
+            return None
         bad = non_finite(payload)
         if bad:
             self._report(f"trajectory not stored: NaN or infinite values in {', '.join(bad)}")
             return None
-        hashes = hash_table(payload)
         meta_json = json.dumps({k: v for k, v in row.items()
                                 if k not in ("signature", "bytes", "checksum")})
         row["checksum"] = entry_checksum(entry_id, hashes, meta_json)
