@@ -2,27 +2,30 @@
 
 Layout of a cache folder::
 
-    carnator.sqlite        index: one row per stored trajectory, plus a request log
-    tensors/<id>.safetensors   snapshots x_k, final latent, signature maps
-    quarantine/            broken files moved aside (never silently deleted)
+    carnator.sqlite              index: entries, request log, removal log, settings
+    tensors/<id>.safetensors     snapshots x_k, final latent, signature maps (+ checksums)
+    tensors/<id>.usage.json      pins and hit counts, so a rebuilt index keeps them
+    quarantine/                  damaged files moved aside (never silently deleted)
 
-Design choices:
-- Entry ids are random hex generated here; a file path is only ever built from an id read
-  back from the database and checked against ``ENTRY_ID_RE`` — never from user input.
-- Every tensor file carries its own index row as JSON metadata, so a corrupt or lost
-  database is *repaired* by re-indexing the files instead of losing the cache.
-- A file is written to a temporary name and renamed into place before its row is inserted:
-  a crash leaves at worst an orphan file (re-indexed on repair), never a row without data.
-- Several ComfyUI processes may share one folder: WAL mode, a busy timeout, and
-  ``BEGIN IMMEDIATE`` around read-modify-write sequences.
-- Nothing is ever pickled: tensors go through safetensors, signatures are float32 bytes.
+What the cache promises, and how (tests/test_cache_faults.py checks each under kill -9):
+- It never serves wrong data: every load checks the file's entry id and per-tensor
+  checksums against the index and that values are finite (cache_files.read_entry). A
+  mismatch quarantines the entry and the request runs as a miss with a message.
+- It never loses an entry whose ``store()`` returned, except by eviction policy (never a
+  pinned one) or a person's delete: the file is renamed into place before its row commits;
+  a lost or corrupt index is rebuilt from the files (cache_repair).
+- Eviction is one write transaction (choose victims, check pins, delete rows) followed by
+  unlinking their files, so concurrent evictors never take more than needed.
+- Errors that are not evidence of damage (locks, file descriptors, memory) never
+  quarantine anything: the entry stays and the request runs without it.
+- Entry ids are random hex generated here; a file path is only ever built from an id that
+  fully matches ``ENTRY_ID_RE`` — never from user input. Nothing is ever pickled.
 """
 from __future__ import annotations
 
 import json
 import logging
 import os
-import re
 import sqlite3
 import time
 import uuid
@@ -34,15 +37,20 @@ from typing import Any, Iterator
 import numpy as np
 import sqlite_utils
 import torch
-from safetensors import SafetensorError, safe_open
+from safetensors import SafetensorError
 from safetensors.torch import save_file
+
+from .cache_files import (ENTRY_ID_RE, CacheError, EntryDamaged, EntryUnreadable,  # noqa: F401
+                          FolderLock, entry_checksum, hash_table, kill_point, non_finite,
+                          read_entry, usage_path, valid_entry_id, write_usage)
+from .cache_repair import IndexRepair
 
 log = logging.getLogger("carnator")
 
 DB_NAME = "carnator.sqlite"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 DEFAULT_CAPACITY_BYTES = 8 * 1024**3
-ENTRY_ID_RE = re.compile(r"^[0-9a-f]{32}$")
+LOG_ROWS_KEPT = 10_000  # request and removal logs are trimmed to this many rows
 
 ENTRY_COLUMNS = {
     "id": str, "class_key": str, "exact_key": str, "model_fingerprint": str,
@@ -50,12 +58,23 @@ ENTRY_COLUMNS = {
     "sampler": str, "scheduler": str, "prompt": str, "probe_step": int,
     "snapshot_steps": str, "signature": bytes, "bytes": int, "created": float,
     "last_used": float, "hits": int, "steps_saved": float, "pinned": int,
-    "source_entry": str, "class_json": str, "latent_format": str,
+    "source_entry": str, "class_json": str, "latent_format": str, "checksum": str,
 }
+UTILITY_ORDER = "((steps_saved + 1.0) * (hits + 1.0) / max(bytes, 1)) ASC, last_used ASC"
 
 
-class CacheError(RuntimeError):
-    """A cache problem a person can act on; the request still runs as a miss."""
+def row_problem(row: dict[str, Any]) -> str | None:
+    """Why an index row cannot be used as it is (valid SQLite, wrong content), or None."""
+    try:
+        steps = json.loads(row.get("snapshot_steps") or "[]")
+        if not isinstance(steps, list) or not all(type(s) is int for s in steps):
+            return "snapshot_steps is not a list of step numbers"
+    except (TypeError, ValueError, RecursionError):
+        return "snapshot_steps is not valid JSON"
+    sig = row.get("signature")
+    if not isinstance(sig, bytes) or len(sig) == 0 or len(sig) % 4:
+        return "signature is not a float32 vector"
+    return None
 
 
 @dataclass
@@ -94,44 +113,42 @@ def _entries(n: int) -> str:
     return f"{n} entr{'y' if n == 1 else 'ies'}"
 
 
-class TrajectoryCache:
-    """A cache folder. Cheap to construct; opens connections per operation (thread-safe)."""
+class TrajectoryCache(IndexRepair):
+    """A cache folder. Cheap to construct; opens connections per operation (thread-safe).
+
+    ``capacity_bytes=None`` uses the capacity last set for this folder (the routes open it
+    that way, so /carnator/stats shows what the Cache node set, not a default).
+    """
 
     busy_timeout_s = 30.0  # how long to wait for another process's write lock
 
-    def __init__(self, folder: str | os.PathLike, capacity_bytes: int = DEFAULT_CAPACITY_BYTES):
+    def __init__(self, folder: str | os.PathLike, capacity_bytes: int | None = None):
         self.folder = Path(folder).expanduser().resolve()
-        self.capacity_bytes = int(capacity_bytes)
         self.tensor_dir = self.folder / "tensors"
         self.quarantine_dir = self.folder / "quarantine"
         self.db_path = self.folder / DB_NAME
         self.reports: list[str] = []  # problems found and handled, for the node summary
+        self.read_only: str | None = None  # why nothing can be written (disk full), or None
+        self.lock = FolderLock(self.folder)
         self._ensure_folder()
-        self._check_and_repair()
+        self._open_index()
+        self.capacity_bytes = self._settle_capacity(capacity_bytes)
 
-    # ---------------------------------------------------------------- set-up and repair
-    def _ensure_folder(self) -> None:
-        try:
-            self.tensor_dir.mkdir(parents=True, exist_ok=True)
-            probe = self.folder / f".write-test-{uuid.uuid4().hex}"
-            probe.write_bytes(b"ok")
-            probe.unlink()
-        except OSError as e:
-            raise CacheError(
-                f"Carnator cache folder {self.folder} is not writable ({e.strerror or e}); "
-                "the request runs without reuse. Choose another folder in the Carnator cache "
-                "settings or fix its permissions."
-            ) from e
-
+    # ---------------------------------------------------------------- connections
     @contextmanager
     def _db(self) -> Iterator[sqlite_utils.Database]:
-        conn = sqlite3.connect(str(self.db_path), timeout=self.busy_timeout_s,
-                               isolation_level=None, check_same_thread=False)
-        try:
-            conn.execute(f"PRAGMA busy_timeout={int(self.busy_timeout_s * 1000)}")
-            yield sqlite_utils.Database(conn)
-        finally:
-            conn.close()
+        with self.lock():
+            # a full disk cannot even hold WAL's shared-memory file: read the index as it
+            # is on disk (immutable), so stored results are still served
+            target, uri = (f"file:{self.db_path}?immutable=1", True) if self.read_only else (
+                str(self.db_path), False)
+            conn = sqlite3.connect(target, timeout=self.busy_timeout_s, uri=uri,
+                                   isolation_level=None, check_same_thread=False)
+            try:
+                conn.execute(f"PRAGMA busy_timeout={int(self.busy_timeout_s * 1000)}")
+                yield sqlite_utils.Database(conn)
+            finally:
+                conn.close()
 
     @contextmanager
     def _write(self) -> Iterator[sqlite_utils.Database]:
@@ -142,123 +159,56 @@ class TrajectoryCache:
                 yield db
                 db.execute("COMMIT")
             except BaseException:
-                db.execute("ROLLBACK")
+                # a failed COMMIT (disk full) may have rolled back already: a second
+                # ROLLBACK would raise "no transaction is active" and hide the real error
+                if db.conn.in_transaction:
+                    try:
+                        db.execute("ROLLBACK")
+                    except sqlite3.Error:
+                        pass
                 raise
-
-    def _create_schema(self) -> None:
-        """Create what is missing. Read-only when the schema exists (opening must work while
-        another process holds the write lock); when several processes create a new cache
-        folder at once, IF NOT EXISTS / OR IGNORE make the second creator a no-op."""
-        with self._db() as db:
-            if db.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
-                db.execute("PRAGMA journal_mode=WAL")
-            tables = set(db.table_names())
-            if "entries" not in tables:
-                db["entries"].create(ENTRY_COLUMNS, pk="id", not_null={"class_key"},
-                                     if_not_exists=True)
-                db["entries"].create_index(["class_key"], if_not_exists=True)
-                db["entries"].create_index(["exact_key"], if_not_exists=True)
-            if "requests" not in tables:
-                db["requests"].create({"ts": float, "outcome": str, "entry_id": str,
-                                       "steps_computed": int, "steps_total": int,
-                                       "seconds": float, "class_key": str}, if_not_exists=True)
-            if "meta" not in tables:
-                db["meta"].create({"key": str, "value": str}, pk="key", if_not_exists=True)
-                db["meta"].insert({"key": "schema_version", "value": str(SCHEMA_VERSION)},
-                                  pk="key", ignore=True)
-
-    def _check_and_repair(self) -> None:
-        """quick_check on every open: a request must not trust a file damaged meanwhile."""
-        try:
-            result = self._retry_while_locked(self._check_and_create)
-            if result != "ok":
-                raise sqlite3.DatabaseError(result)
-        except sqlite3.OperationalError as e:
-            # locked past the busy timeout, or an I/O error: not corruption, keep the file
-            raise CacheError(f"Carnator cache index {self.db_path} is unavailable ({e}); the "
-                             "request runs without reuse") from e
-        except sqlite3.DatabaseError as e:
-            self._quarantine_database(str(e))
-
-    def _check_and_create(self) -> str:
-        with self._db() as db:
-            result = db.execute("PRAGMA quick_check").fetchone()[0]
-        if result == "ok":
-            self._create_schema()
-        return result
-
-    def _retry_while_locked(self, fn):
-        """Run ``fn``, again while SQLite reports the file locked, up to the busy timeout.
-        While another process switches a new file to WAL, SQLite answers busy at once
-        instead of waiting in its busy handler, so opening a shared cache needs this."""
-        deadline = time.monotonic() + self.busy_timeout_s
-        while True:
-            try:
-                return fn()
-            except sqlite3.OperationalError as e:
-                if "locked" not in str(e) or time.monotonic() > deadline:
-                    raise
-                time.sleep(0.05)
-
-    def _quarantine_database(self, why: str) -> None:
-        stamp = time.strftime("%Y%m%d-%H%M%S")
-        self.quarantine_dir.mkdir(exist_ok=True)
-        for suffix in ("", "-wal", "-shm"):
-            p = Path(str(self.db_path) + suffix)
-            if p.exists():
-                p.replace(self.quarantine_dir / f"{p.name}.{stamp}.corrupt")
-        self._create_schema()
-        n = self.reindex_tensor_files()
-        self._report(f"cache index {self.db_path} was unreadable ({why}); moved to "
-                     f"{self.quarantine_dir} and rebuilt from {n} tensor file(s)")
-
-    def reindex_tensor_files(self) -> int:
-        """Insert a row for every valid tensor file the index does not know (repair)."""
-        with self._db() as db:
-            known = {r["id"] for r in db.query("SELECT id FROM entries")}
-        added = 0
-        for path in sorted(self.tensor_dir.glob("*.safetensors")):
-            if path.stem in known or not ENTRY_ID_RE.match(path.stem):
-                continue
-            try:
-                row = self._row_from_file(path)
-            except Exception as e:  # noqa: BLE001 - any unreadable file is quarantined
-                self._quarantine_file(path, f"unreadable during re-index: {e}")
-                continue
-            with self._write() as db:
-                db["entries"].insert(row, pk="id", replace=True)
-            added += 1
-        return added
-
-    def _row_from_file(self, path: Path) -> dict[str, Any]:
-        with safe_open(str(path), framework="pt") as f:
-            meta = f.metadata() or {}
-            sig = f.get_tensor("signature").numpy().astype(np.float32)
-        row = json.loads(meta["carnator_entry"])
-        row["signature"] = sig.tobytes()
-        row["bytes"] = path.stat().st_size
-        if row.get("id") != path.stem:
-            raise ValueError("file name does not match its entry id")
-        return row
-
-    def _quarantine_file(self, path: Path, why: str) -> None:
-        self.quarantine_dir.mkdir(exist_ok=True)
-        if path.exists():
-            path.replace(self.quarantine_dir / f"{path.name}.{time.strftime('%Y%m%d-%H%M%S')}")
-        self._report(f"cache file {path.name} quarantined: {why}")
 
     def _report(self, message: str) -> None:
         log.warning("Carnator: %s", message)
         self.reports.append(message)
 
+    def _settle_capacity(self, requested: int | None) -> int:
+        with self._db() as db:
+            stored = self._meta(db, "capacity_bytes")
+        if requested is None:
+            return int(stored) if stored and stored.isdigit() else DEFAULT_CAPACITY_BYTES
+        if stored != str(int(requested)) and not self.read_only:
+            try:
+                with self._write() as db:
+                    self._set_meta(db, "capacity_bytes", str(int(requested)))
+            except sqlite3.Error as e:  # only the stats page reads it: not worth a failure
+                log.info("Carnator: capacity not recorded (%s)", e)
+        return int(requested)
+
+    @staticmethod
+    def _meta(db, key: str) -> str | None:
+        row = db.execute("SELECT value FROM meta WHERE key = ?", [key]).fetchone()
+        return row[0] if row else None
+
+    @staticmethod
+    def _set_meta(db, key: str, value: str) -> None:
+        db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)", [key, value])
+
+    @staticmethod
+    def _log_removal(db, entry_id: str, reason: str) -> None:
+        db.execute("INSERT INTO removals (ts, entry_id, reason) VALUES (?, ?, ?)",
+                   [time.time(), entry_id, reason])
+        db.execute("DELETE FROM removals WHERE rowid <= (SELECT max(rowid) FROM removals) - ?",
+                   [LOG_ROWS_KEPT])
+
     # ---------------------------------------------------------------- reading
     def tensor_path(self, entry_id: str) -> Path:
-        if not ENTRY_ID_RE.match(entry_id):
+        if not valid_entry_id(entry_id):
             raise CacheError(f"invalid cache entry id {entry_id!r}")
         return self.tensor_dir / f"{entry_id}.safetensors"
 
     def get(self, entry_id: str) -> StoredEntry | None:
-        if not ENTRY_ID_RE.match(str(entry_id)):
+        if not valid_entry_id(entry_id):
             return None
         with self._db() as db:
             rows = list(db.query("SELECT * FROM entries WHERE id = ?", [entry_id]))
@@ -272,7 +222,7 @@ class TrajectoryCache:
             entry = StoredEntry(row)
             if self.tensor_path(entry.id).exists():
                 return entry
-            self._drop_missing(entry.id)
+            self._handle_missing(entry.id)
         return None
 
     def lookup(self, class_key: str, signature: torch.Tensor, top_k: int = 3) -> LookupResult:
@@ -296,6 +246,9 @@ class TrajectoryCache:
         query = signature.float().reshape(-1)
         scored = []
         for row in rows:
+            row = self._usable_row(row)
+            if row is None:
+                continue
             entry = StoredEntry(row)
             stored = entry.signature
             if stored.numel() != query.numel():
@@ -307,28 +260,68 @@ class TrajectoryCache:
         return LookupResult(scored[:top_k], f"{_entries(len(rows))} in this class, best "
                             f"similarity {scored[0].similarity:.3f}")
 
+    def _usable_row(self, row: dict[str, Any]) -> dict[str, Any] | None:
+        """The row, or its copy restored from the entry's own file when it is malformed."""
+        problem = row_problem(row)
+        if problem is None:
+            return row
+        restored = self.restore_row(row["id"])
+        outcome = ("restored from its tensor file" if restored else
+                   "skipped; delete the entry in the Carnator cache tab if this repeats")
+        self._report(f"index row of cache entry {row['id']} was malformed ({problem}); {outcome}")
+        return restored
+
     def load_tensors(self, entry_id: str, names: list[str] | None = None) -> dict[str, torch.Tensor] | None:
-        """Tensors of an entry; a missing or corrupt file is quarantined and gives None."""
+        """Verified tensors of an entry, or None (reported) when it cannot be used.
+
+        Damage (checksum, entry id, NaN, truncation) quarantines the entry; a missing file
+        whose row another process just removed is no news; a transient error (file
+        descriptors, memory) leaves the entry alone.
+        """
+        if not valid_entry_id(entry_id):
+            return None
+        with self._db() as db:
+            found = db.execute("SELECT checksum FROM entries WHERE id = ?", [entry_id]).fetchone()
+        if found is None:
+            return None  # evicted or deleted meanwhile
         path = self.tensor_path(entry_id)
-        if not path.exists():
-            self._drop_missing(entry_id)
-            return None
         try:
-            with safe_open(str(path), framework="pt") as f:
-                keys = f.keys() if names is None else [n for n in names if n in f.keys()]
-                return {k: f.get_tensor(k) for k in keys}
-        except Exception as e:  # noqa: BLE001 - safetensors raises several error types
-            self._quarantine_file(path, f"unreadable ({e})")
-            self._delete_row(entry_id)
+            _, tensors, _ = read_entry(path, entry_id, found[0], names)
+        except FileNotFoundError:
+            self._handle_missing(entry_id)
             return None
+        except EntryDamaged as e:
+            self._quarantine_entry(entry_id, str(e))
+            return None
+        except EntryUnreadable as e:
+            self._report(f"cache entry {entry_id} could not be read now ({e}); it is kept and "
+                         "this request runs without it")
+            return None
+        return tensors
 
-    def _drop_missing(self, entry_id: str) -> None:
-        self._report(f"cache entry {entry_id} lost its tensor file; removed from the index")
-        self._delete_row(entry_id)
-
-    def _delete_row(self, entry_id: str) -> None:
+    def _handle_missing(self, entry_id: str) -> None:
+        """A row whose file is gone. Eviction deletes the row before the file, so if the
+        row is gone too another process evicted it: nothing was lost."""
+        if self.read_only:
+            return
         with self._write() as db:
-            db.execute("DELETE FROM entries WHERE id = ?", [entry_id])
+            gone = db.execute("DELETE FROM entries WHERE id = ?", [entry_id]).rowcount
+            if gone:
+                self._log_removal(db, entry_id, "lost")
+        if gone:
+            self._report(f"cache entry {entry_id} lost its tensor file; removed from the index")
+
+    def _quarantine_entry(self, entry_id: str, why: str) -> None:
+        if self.read_only:  # cannot move anything now; a later open finds it again
+            self._report(f"cache entry {entry_id} is damaged ({why}); not used")
+            return
+        with self._write() as db:  # the row first: other readers stop trusting it at once
+            if db.execute("DELETE FROM entries WHERE id = ?", [entry_id]).rowcount:
+                self._log_removal(db, entry_id, "quarantined")
+        path = self.tensor_path(entry_id)
+        self._move_to_quarantine(path)
+        usage_path(path).unlink(missing_ok=True)
+        self._report(f"cache entry {entry_id} quarantined: {why}; the request runs without it")
 
     def list_entries(self, offset: int = 0, limit: int = 50) -> list[dict[str, Any]]:
         with self._db() as db:
@@ -339,11 +332,17 @@ class TrajectoryCache:
     def stats(self) -> dict[str, Any]:
         with self._db() as db:
             n, size = db.execute("SELECT count(*), coalesce(sum(bytes),0) FROM entries").fetchone()
-            recent = list(db.query("SELECT outcome FROM requests ORDER BY ts DESC LIMIT 100"))
+            recent = list(db.query("SELECT outcome FROM requests ORDER BY rowid DESC LIMIT 100"))
         hits = sum(r["outcome"] in ("hit", "exact") for r in recent)
         return {"entries": n, "bytes": size, "capacity_bytes": self.capacity_bytes,
                 "recent_requests": len(recent),
                 "recent_hit_rate": hits / len(recent) if recent else None}
+
+    def removals(self, limit: int = 1000) -> list[dict[str, Any]]:
+        """Recent removals (evicted, deleted, quarantined, lost, cleared), newest first."""
+        with self._db() as db:
+            return list(db.query("SELECT ts, entry_id, reason FROM removals ORDER BY rowid DESC "
+                                 "LIMIT ?", [int(limit)]))
 
     # ---------------------------------------------------------------- writing
     def new_id(self) -> str:
@@ -351,92 +350,177 @@ class TrajectoryCache:
 
     def store(self, row: dict[str, Any], tensors: dict[str, torch.Tensor],
               signature: torch.Tensor) -> str | None:
-        """Write one entry; returns its id, or None (reported) when it could not be stored."""
-        entry_id = row.get("id") or self.new_id()
-        row = {**row, "id": entry_id, "created": time.time(), "last_used": time.time(),
+        """Write one entry; returns its id once it is durable and indexed, or None
+        (reported) when it was not stored. Never returns an id its own eviction removed."""
+        if self.read_only:
+            self._report(f"trajectory not stored: {self.read_only}")
+            return None
+        entry_id = row.get("id") if valid_entry_id(row.get("id")) else self.new_id()
+        now = time.time()
+        row = {**row, "id": entry_id, "created": now, "last_used": now,
                "hits": 0, "steps_saved": 0.0, "pinned": 0}
-        meta_row = {k: v for k, v in row.items() if k not in ("signature", "bytes")}
         payload = {k: v.detach().to("cpu").contiguous() for k, v in tensors.items()}
         payload["signature"] = signature.detach().float().cpu().contiguous()
+        try:  # the dtype check first: isfinite does not exist for every dtype
+            hashes = hash_table(payload)
+        except ValueError as e:  # a dtype this cache cannot checksum and read back
+            self._report(f"trajectory not stored: {e}")
+            return None
+        bad = non_finite(payload)
+        if bad:
+            self._report(f"trajectory not stored: NaN or infinite values in {', '.join(bad)}")
+            return None
+        meta_json = json.dumps({k: v for k, v in row.items()
+                                if k not in ("signature", "bytes", "checksum")})
+        row["checksum"] = entry_checksum(entry_id, hashes, meta_json)
+        row["signature"] = payload["signature"].numpy().astype(np.float32).tobytes()
         final = self.tensor_path(entry_id)
-        tmp = final.with_suffix(f".tmp-{os.getpid()}")
+        with self.lock():  # shared: a repair or Clear all waits until the row is in
+            if not self._write_file(final, payload, {"carnator_entry": meta_json,
+                                                     "carnator_hashes": hashes}):
+                return None
+            kill_point("store.renamed")
+            row["bytes"] = final.stat().st_size
+            try:
+                with self._write() as db:
+                    db["entries"].insert(row, pk="id", replace=True)
+                    victims = self._choose_victims(db, exclude=entry_id)
+                    if victims is None:
+                        db.execute("DELETE FROM entries WHERE id = ?", [entry_id])
+            except sqlite3.Error:
+                final.unlink(missing_ok=True)  # no row, no file: the folder stays consistent
+                raise
+            kill_point("store.committed")
+            if victims is None:
+                final.unlink(missing_ok=True)
+                self._report(f"trajectory not stored: its {row['bytes'] / 1e6:.1f} MB do not fit "
+                             f"the cache capacity ({self.capacity_bytes / 1e6:.1f} MB) beside the "
+                             "pinned entries; raise capacity_gb or unpin entries")
+                return None
+            self._unlink_entries(victims)
+        return entry_id
+
+    def _write_file(self, final: Path, payload: dict, metadata: dict[str, str]) -> bool:
+        tmp = final.with_name(f"{final.name}.tmp-{os.getpid()}")
         try:
-            save_file(payload, str(tmp), metadata={"carnator_entry": json.dumps(meta_row)})
+            save_file(payload, str(tmp), metadata=metadata)
+            kill_point("store.tmp_written")
+            with open(tmp, "rb") as f:  # durable before it becomes visible
+                os.fsync(f.fileno())
             tmp.replace(final)
+            return True
         except (OSError, SafetensorError) as e:  # safetensors wraps ENOSPC/EFBIG in its own type
             tmp.unlink(missing_ok=True)
             why = getattr(e, "strerror", None) or e
             self._report(f"trajectory not stored: {why} while writing {final.parent}"
                          " (disk full or read-only?); the result is unaffected")
+            return False
+
+    def _choose_victims(self, db, exclude: str | None = None) -> list[str] | None:
+        """Inside a write transaction: delete the fewest lowest-utility unpinned rows that
+        bring the total within capacity; their ids (files still to unlink), or None when
+        even all of them would not be enough (nothing deleted then).
+
+        Utility = (steps saved + 1) × (hits + 1) / bytes: an entry that saved many steps
+        for many requests per byte stays; recency breaks ties. Totals are read inside the
+        transaction, so a concurrent evictor's deletions are already counted.
+        """
+        total = db.execute("SELECT coalesce(sum(bytes), 0) FROM entries").fetchone()[0]
+        excess = total - self.capacity_bytes
+        if excess <= 0:
+            return []
+        victims, freed = [], 0
+        cur = db.execute(f"SELECT id, bytes FROM entries WHERE pinned = 0 AND id != ? "
+                         f"ORDER BY {UTILITY_ORDER}", [exclude or ""])
+        for entry_id, size in cur:
+            if freed >= excess:
+                break
+            victims.append(entry_id)
+            freed += size
+        cur.close()
+        if freed < excess and exclude is not None:
             return None
-        row["signature"] = payload["signature"].numpy().astype(np.float32).tobytes()
-        row["bytes"] = final.stat().st_size
-        try:
-            with self._write() as db:
-                db["entries"].insert(row, pk="id", replace=True)
-        except sqlite3.Error:
-            final.unlink(missing_ok=True)  # no row, no file: the folder stays consistent
-            raise
-        try:
-            self.evict_to_capacity()
-        except sqlite3.Error as e:  # the entry is stored; eviction runs again next time
-            self._report(f"eviction postponed ({e})")
-        return entry_id
+        for entry_id in victims:
+            db.execute("DELETE FROM entries WHERE id = ? AND pinned = 0", [entry_id])
+            self._log_removal(db, entry_id, "evicted")
+        return victims
+
+    def _unlink_entries(self, ids: list[str]) -> None:
+        for entry_id in ids:
+            path = self.tensor_path(entry_id)
+            path.unlink(missing_ok=True)
+            usage_path(path).unlink(missing_ok=True)
+        if ids:
+            log.info("Carnator: evicted %s to stay within %.1f MB", _entries(len(ids)),
+                     self.capacity_bytes / 1e6)
+
+    def _update_usage(self, sql: str, args: list, entry_id: str) -> bool:
+        """Change hits/pins in the index and mirror them beside the file, in one lock."""
+        with self._write() as db:
+            if db.execute(sql, args).rowcount == 0:
+                return False
+            usage = next(db.query("SELECT hits, steps_saved, last_used, pinned FROM entries "
+                                  "WHERE id = ?", [entry_id]))
+            try:
+                write_usage(self.tensor_path(entry_id), usage)
+            except OSError as e:  # the index has it; only a future rebuild would miss it
+                log.info("Carnator: usage of %s not mirrored beside its file (%s)", entry_id, e)
+        return True
 
     def record_use(self, entry_id: str, steps_saved: float) -> None:
-        with self._write() as db:
-            db.execute("UPDATE entries SET hits = hits + 1, steps_saved = steps_saved + ?, "
-                       "last_used = ? WHERE id = ?", [float(steps_saved), time.time(), entry_id])
+        if self.read_only or not valid_entry_id(entry_id):
+            return
+        self._update_usage("UPDATE entries SET hits = hits + 1, steps_saved = steps_saved + ?, "
+                           "last_used = ? WHERE id = ?", [float(steps_saved), time.time(), entry_id],
+                           entry_id)
 
     def log_request(self, outcome: str, entry_id: str | None, steps_computed: int,
                     steps_total: int, seconds: float, class_key: str) -> None:
+        if self.read_only:
+            return
         with self._write() as db:
             db["requests"].insert({"ts": time.time(), "outcome": outcome, "entry_id": entry_id,
                                    "steps_computed": steps_computed, "steps_total": steps_total,
                                    "seconds": seconds, "class_key": class_key})
+            db.execute("DELETE FROM requests WHERE rowid <= (SELECT max(rowid) FROM requests) - ?",
+                       [LOG_ROWS_KEPT])
 
     def set_pinned(self, entry_id: str, pinned: bool) -> bool:
-        with self._write() as db:
-            cur = db.execute("UPDATE entries SET pinned = ? WHERE id = ?", [int(pinned), entry_id])
-            return cur.rowcount > 0
+        if not valid_entry_id(entry_id):
+            return False
+        return self._update_usage("UPDATE entries SET pinned = ? WHERE id = ?",
+                                  [int(pinned), entry_id], entry_id)
 
     def delete(self, entry_id: str) -> bool:
         """Remove an entry: the row first (readers stop seeing it), then its file."""
-        if not ENTRY_ID_RE.match(str(entry_id)):
+        if not valid_entry_id(entry_id):
             return False
-        with self._write() as db:
-            cur = db.execute("DELETE FROM entries WHERE id = ?", [entry_id])
-            existed = cur.rowcount > 0
-        self.tensor_path(entry_id).unlink(missing_ok=True)
+        with self.lock():
+            with self._write() as db:
+                existed = db.execute("DELETE FROM entries WHERE id = ?", [entry_id]).rowcount > 0
+                if existed:
+                    self._log_removal(db, entry_id, "deleted")
+            kill_point("delete.committed")
+            if existed:
+                path = self.tensor_path(entry_id)
+                path.unlink(missing_ok=True)
+                usage_path(path).unlink(missing_ok=True)
         return existed
 
     def clear(self) -> int:
-        with self._db() as db:
-            ids = [r["id"] for r in db.query("SELECT id FROM entries")]
-        return sum(self.delete(i) for i in ids)
+        """Every entry, pinned ones too, plus orphaned and temporary files."""
+        with self.lock(exclusive=True):
+            with self._write() as db:
+                n = db.execute("DELETE FROM entries").rowcount
+                self._log_removal(db, "*", "cleared")
+            self._sweep_files(keep=set(), everything=True)
+        return n
 
     def evict_to_capacity(self) -> list[str]:
-        """Evict lowest-utility unpinned entries until the folder fits the capacity.
-
-        Utility = (steps saved + 1) × (hits + 1) / bytes: an entry that saved many steps
-        for many requests per byte stays; recency breaks ties.
-        """
-        with self._db() as db:
-            total = db.execute("SELECT coalesce(sum(bytes),0) FROM entries").fetchone()[0]
-            if total <= self.capacity_bytes:
-                return []
-            rows = list(db.query(
-                "SELECT id, bytes FROM entries WHERE pinned = 0 ORDER BY "
-                "((steps_saved + 1.0) * (hits + 1.0) / max(bytes, 1)) ASC, last_used ASC"))
-        evicted = []
-        for row in rows:
-            if total <= self.capacity_bytes:
-                break
-            if self.delete(row["id"]):
-                total -= row["bytes"]
-                evicted.append(row["id"])
-        if evicted:
-            log.info("Carnator: evicted %d entr%s to stay within %.1f MB", len(evicted),
-                     "y" if len(evicted) == 1 else "ies", self.capacity_bytes / 1e6)
-        return evicted
-
+        """Evict lowest-utility unpinned entries until the folder fits the capacity."""
+        with self.lock():
+            with self._write() as db:
+                victims = self._choose_victims(db)
+            kill_point("evict.committed")
+            self._unlink_entries(victims)
+        return victims

@@ -272,8 +272,19 @@ def lookup_and_gate(pr: ProbeResult) -> tuple[Plan, LookupResult]:
     found = lookup(pr)
     if pr.cache is None:
         return Plan(False, reason=pr.cache_message or "cache unavailable"), found
-    model = risk_model_for(pr.cache.folder, pr.klass.model_fingerprint)
+    model, problem = calibrated_risk_model(pr)
+    if problem and pr.exact_latent is None:
+        return Plan(False, reason=problem), found
     return gate(pr, found, model)[0], found
+
+
+def calibrated_risk_model(pr: ProbeResult) -> tuple[RiskModel | None, str | None]:
+    """This model's risk model, or None and why: a damaged calibration file must not fail
+    the request (it runs as a miss, or as the exact repeat it is)."""
+    try:
+        return risk_model_for(pr.cache.folder, pr.klass.model_fingerprint), None
+    except (ValueError, OSError) as e:
+        return None, f"{e}; the request ran as a miss"
 
 
 def _start_from_candidate(pr: ProbeResult, plan: Plan) -> tuple[torch.Tensor | None, int]:

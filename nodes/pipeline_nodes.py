@@ -11,7 +11,7 @@ from comfy_api.latest import io
 from ..carnator_core import pipeline
 from ..carnator_core.cache import LookupResult
 from ..carnator_core.comfy_adapter import notify, start_request
-from ..carnator_core.gate import Plan as GatePlan, risk_model_for
+from ..carnator_core.gate import Plan as GatePlan
 from .inputs import gate_inputs, probe_inputs, sampling_inputs, sparse_inputs
 from .settings import gate_settings, reuse_settings, sparse_settings
 from .types import CacheConfig, Candidates, Plan, Probe, node_id_of
@@ -92,10 +92,11 @@ class CarnatorCompatibilityGate(io.ComfyNode):
                 max_region=None) -> io.NodeOutput:
         pr = candidates.probe
         notify("phase", {"phase": "gate"}, node_id_of(cls))
-        model = risk_model_for(pr.cache.folder, pr.klass.model_fingerprint) if pr.cache else None
+        model, problem = pipeline.calibrated_risk_model(pr) if pr.cache else (None, None)
         settings = gate_settings(risk_budget, min_depth, max_depth, max_region)
-        plan, verdicts = pipeline.gate(pr, candidates.found, model, settings) if model else (
-            GatePlan(False, reason=pr.cache_message or "cache unavailable"), [])
+        usable = model is not None or (pr.cache is not None and pr.exact_latent is not None)
+        plan, verdicts = pipeline.gate(pr, candidates.found, model, settings) if usable else (
+            GatePlan(False, reason=problem or pr.cache_message or "cache unavailable"), [])
         text = (f"accept entry {plan.entry_id[:8]} at k*={plan.reuse_step}/{pr.run.steps}, "
                 f"risk {plan.risk:.1%}, region {plan.region_fraction:.0%}" if plan.accept
                 else f"reject: {plan.reason}")

@@ -11,8 +11,10 @@ nothing else. Input handling, because these answer anything that can reach the s
   URL;
 - page sizes and offsets are bounded integers; request bodies are small JSON objects with
   exactly-typed fields;
-- every error is a JSON object ``{"error": "..."}`` with 400 (malformed), 404 (unknown),
-  413 (body too large) or 503 (cache folder unusable);
+- every error is a JSON object ``{"error": "..."}`` with 400 (malformed), 403 (foreign
+  origin), 404 (unknown), 413 (body too large), 415 (not JSON) or 503 (cache unusable);
+- mutating routes (pin, delete, clear) accept only ``application/json`` from this server's
+  own origin (``check_same_origin``): no other web page can clear or pin;
 - the cache's SQLite and file work runs in a worker thread so a busy database never stalls
   the server's event loop (which also carries the progress websocket).
 """
@@ -24,6 +26,7 @@ import json
 import logging
 import re
 import sys
+from urllib.parse import urlsplit
 from typing import Any, Awaitable, Callable
 
 import torch
@@ -109,15 +112,40 @@ def find_entry(cache: TrajectoryCache, entry_id: str) -> dict[str, Any]:
     return entry.row
 
 
+def check_same_origin(request: web.Request) -> None:
+    """Refuse what a foreign web page could send without a CORS preflight.
+
+    ComfyUI's own origin check is skipped when ``Origin`` has no host (``null`` from a
+    sandboxed frame, ``file://``), and a ``text/plain`` form post needs no preflight. So a
+    mutating route demands ``Content-Type: application/json`` (never sendable cross-site
+    without a preflight) and, when ``Origin`` is present, that it names this server.
+    """
+    ctype = request.headers.get("Content-Type", "").split(";")[0].strip().lower()
+    if ctype != "application/json":
+        raise RequestError(415, "send the request with Content-Type: application/json")
+    origin = request.headers.get("Origin")
+    if origin is None:
+        return  # not sent by a browser page (scripts, curl)
+    parsed = urlsplit(origin)
+    if parsed.scheme not in ("http", "https") or not parsed.netloc or \
+            parsed.netloc.lower() != request.host.lower():
+        raise RequestError(403, f"refused a cross-origin request from {origin[:80]!r}")
+
+
 async def json_body(request: web.Request) -> dict[str, Any]:
     if request.content_length is not None and request.content_length > MAX_BODY_BYTES:
         raise RequestError(413, f"request body over {MAX_BODY_BYTES} bytes")
-    raw = await request.content.read(MAX_BODY_BYTES + 1)
+    raw = b""
+    while len(raw) <= MAX_BODY_BYTES:  # a body may arrive in several TCP packets
+        chunk = await request.content.read(MAX_BODY_BYTES + 1 - len(raw))
+        if not chunk:
+            break
+        raw += chunk
     if len(raw) > MAX_BODY_BYTES:
         raise RequestError(413, f"request body over {MAX_BODY_BYTES} bytes")
     try:
         body = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError):
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
         raise RequestError(400, "request body must be a JSON object") from None
     if not isinstance(body, dict):
         raise RequestError(400, "request body must be a JSON object")
@@ -230,6 +258,7 @@ async def get_preview(request: web.Request) -> web.Response:
 @json_errors
 async def post_pin(request: web.Request) -> web.Response:
     entry_id = entry_id_of(request)
+    check_same_origin(request)
     body = await json_body(request)
     pinned = body.get("pinned")
     if not isinstance(pinned, bool):
@@ -247,6 +276,7 @@ async def post_pin(request: web.Request) -> web.Response:
 @json_errors
 async def delete_entry(request: web.Request) -> web.Response:
     entry_id = entry_id_of(request)
+    check_same_origin(request)
 
     def delete() -> dict[str, Any]:
         cache = open_cache()
@@ -259,6 +289,7 @@ async def delete_entry(request: web.Request) -> web.Response:
 
 @json_errors
 async def post_clear(request: web.Request) -> web.Response:
+    check_same_origin(request)
     body = await json_body(request)
     if body.get("confirm") is not True:
         raise RequestError(400, 'clearing the cache deletes every entry, pinned ones too; '
@@ -271,7 +302,8 @@ async def post_clear(request: web.Request) -> web.Response:
 async def get_stats(request: web.Request) -> web.Response:
     def stats() -> dict[str, Any]:
         cache = open_cache()
-        return {**cache.stats(), "folder": str(cache.folder)}
+        # the folder's name only: an absolute path tells any page about the machine
+        return {**cache.stats(), "folder": cache.folder.name}
     return web.json_response(await asyncio.to_thread(stats))
 
 

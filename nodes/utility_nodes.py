@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from comfy_api.latest import io
 
+from ..carnator_core.cache_location import allowed_cache_folder, operator_roots
 from ..carnator_core.comfy_adapter import default_cache_folder
 from ..carnator_core.demo_text import BACKBONES, conditioning_for
 from .types import CacheConfig
@@ -15,16 +16,33 @@ class CarnatorCache(io.ComfyNode):
             node_id="CarnatorCache", display_name="Carnator Cache", category="Carnator",
             description="Where Carnator keeps trajectories (an SQLite index with safetensors files) and how much disk it may use.",
             inputs=[
-                io.String.Input("folder", default="", tooltip="Cache folder; empty means carnator_cache in ComfyUI's user directory. Several ComfyUI processes may share one folder."),
+                io.String.Input("folder", default="", tooltip="Cache folder; empty means carnator_cache in ComfyUI's user directory. Must lie inside ComfyUI's user or output directory (a relative name is taken inside the user directory) or a folder listed in CARNATOR_CACHE_ROOTS. Several ComfyUI processes may share one folder."),
                 io.Float.Input("capacity_gb", default=8.0, min=0.01, max=10000.0, step=0.5, tooltip="Disk capacity; the least useful unpinned entries are evicted beyond it."),
             ],
             outputs=[CacheConfig.Output("cache", tooltip="Connect to Early Probe, Cache Lookup or Carnator Sampler.")],
         )
 
     @classmethod
+    def validate_inputs(cls, folder="", capacity_gb=8.0) -> bool | str:
+        try:
+            cache_folder(folder)
+        except ValueError as e:
+            return str(e)
+        return True
+
+    @classmethod
     def execute(cls, folder, capacity_gb) -> io.NodeOutput:
-        return io.NodeOutput({"folder": folder.strip() or default_cache_folder(),
+        return io.NodeOutput({"folder": cache_folder(folder),
                               "capacity_bytes": int(capacity_gb * 1024**3)})
+
+
+def cache_folder(folder: str) -> str:
+    """The node's folder, checked against where a workflow may make ComfyUI write."""
+    if not (folder or "").strip():
+        return default_cache_folder()
+    import folder_paths
+    roots = [folder_paths.get_user_directory(), folder_paths.get_output_directory()]
+    return allowed_cache_folder(folder.strip(), roots + operator_roots())
 
 
 class CarnatorDemoTextEncode(io.ComfyNode):

@@ -172,3 +172,40 @@ def test_a_locked_index_is_not_mistaken_for_corruption(tmp_path, monkeypatch):
     assert not (folder / "quarantine").exists()
     assert _rows(folder) == [kept]
     assert [p.stem for p in (folder / "tensors").glob("*.safetensors")] == [kept]
+
+
+def test_a_damaged_calibration_file_never_fails_a_request(tiny_models, requests_in):
+    """The request completes: an exact repeat is still served, a new one runs as a miss,
+    and the summary names the file and what to do."""
+    wan, folder = tiny_models["wan21"], Path(requests_in.cache_folder)
+    _, s1 = requests_in(wan, "wan21", PROMPT)
+    fingerprint = next(iter(_rows_full(folder).values()))["model_fingerprint"]
+    calibration = folder / "calibration" / f"{fingerprint}.json"
+    calibration.parent.mkdir(exist_ok=True)
+    calibration.write_text('{"weights": {"similarity": ')  # cut short
+    _, again = requests_in(wan, "wan21", PROMPT)
+    assert again.outcome == "exact" and again.entry_id == s1.stored_id
+    latent, s2 = requests_in(wan, "wan21", RELATED)
+    assert s2.outcome == "miss" and torch.isfinite(latent).all()
+    assert str(calibration) in s2.reason and "re-run calibration" in s2.reason, s2.reason
+
+
+def test_malformed_index_rows_are_restored_from_their_files(tiny_models, requests_in):
+    """Valid SQLite, wrong content (snapshot_steps not JSON, a signature of odd length):
+    the request completes, the row is restored from its file and the entry reused."""
+    wan, folder = tiny_models["wan21"], Path(requests_in.cache_folder)
+    _, s1 = requests_in(wan, "wan21", PROMPT)
+    with sqlite3.connect(folder / "carnator.sqlite") as db:
+        db.execute("UPDATE entries SET snapshot_steps = '[1, 2', signature = x'00ff00' WHERE id = ?",
+                   [s1.stored_id])
+    latent, s2 = requests_in(wan, "wan21", RELATED)
+    assert torch.isfinite(latent).all()
+    assert any(s1.stored_id in m and "restored from its tensor file" in m for m in s2.messages), s2.messages
+    assert s2.outcome == "hit" and s2.entry_id == s1.stored_id
+    assert _rows_full(folder)[s1.stored_id]["snapshot_steps"].startswith("[")
+
+
+def _rows_full(folder: Path) -> dict[str, dict]:
+    with sqlite3.connect(folder / "carnator.sqlite") as db:
+        db.row_factory = sqlite3.Row
+        return {r["id"]: dict(r) for r in db.execute("SELECT * FROM entries")}

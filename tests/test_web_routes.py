@@ -197,7 +197,14 @@ def test_stats(server):
     assert stats["bytes"] == sum(r[2] for r in rows.values())
     assert stats["capacity_bytes"] > stats["bytes"]
     assert stats["recent_requests"] >= 1 and stats["recent_hit_rate"] == 0.0  # one MISS so far
-    assert Path(stats["folder"]) == server.cache_dir.resolve()
+    assert stats["folder"] == "carnator_cache"  # its name only: no absolute path to any page
+    assert str(server.workdir) not in json.dumps(stats)
+
+
+def test_stats_show_the_capacity_the_cache_node_set(server):
+    TrajectoryCache(server.cache_dir, capacity_bytes=3 * 1024**3 + 5)  # as a request opens it
+    assert call(server, "GET", "/carnator/stats").json()["capacity_bytes"] == 3 * 1024**3 + 5
+    TrajectoryCache(server.cache_dir, capacity_bytes=8 * 1024**3)
 
 
 # ------------------------------------------------------------------ hostile input
@@ -302,6 +309,75 @@ def test_unknown_routes_and_methods_answer_json(server):
         assert_json_error(call(server, method, path), 404, 405)
 
 
+# ------------------------------------------------------------------ cross-site requests
+def test_mutating_routes_refuse_what_another_page_could_send(server):
+    """No preflight is needed for a text/plain POST, and ComfyUI skips its origin check for
+    ``Origin: null``: both are refused, with the cache untouched; the page's own JSON works."""
+    (victim,) = add_copies(server, 1)
+    state = cache_state(server.cache_dir)
+    pin, host = f"/carnator/entries/{victim}/pin", f"127.0.0.1:{server.port}"
+    for path, body in [(pin, b'{"pinned": true}'), ("/carnator/clear", b'{"confirm": true}')]:
+        for ctype in ("text/plain", "application/x-www-form-urlencoded", "multipart/form-data"):
+            assert_json_error(raw(server, "POST", path, body, {"Content-Type": ctype}), 415)
+        for origin in ("null", "file://", "http://evil.example", "https://127.0.0.1.evil.example"):
+            answer = raw(server, "POST", path, body, {"Origin": origin})
+            assert answer.status == 403, (origin, answer)  # ComfyUI's check or ours
+    assert_json_error(raw(server, "DELETE", f"/carnator/entries/{victim}", None,
+                          {"Content-Type": "text/plain"}), 415)
+    assert_json_error(raw(server, "DELETE", f"/carnator/entries/{victim}", None,
+                          {"Origin": "null"}), 403)
+    assert cache_state(server.cache_dir) == state
+    answer = raw(server, "POST", pin, b'{"pinned": true}', {"Origin": f"http://{host}"})
+    assert answer.status == 200, answer
+    assert raw(server, "DELETE", f"/carnator/entries/{victim}", None,
+               {"Origin": f"http://{host}"}).status == 200
+
+
+def test_a_body_in_two_packets_is_read_whole(server):
+    import socket
+    body = json.dumps({"pinned": False}).encode()
+    with socket.create_connection(("127.0.0.1", server.port), timeout=30) as sock:
+        sock.sendall(f"POST /carnator/entries/{server.first_id}/pin HTTP/1.1\r\n"
+                     f"Host: 127.0.0.1:{server.port}\r\nContent-Type: application/json\r\n"
+                     f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode()
+                     + body[:5])
+        import time
+        time.sleep(0.3)
+        sock.sendall(body[5:])
+        reply = b""
+        while chunk := sock.recv(65536):
+            reply += chunk
+    assert reply.startswith(b"HTTP/1.1 200"), reply[:300]
+
+
+def test_deeply_nested_json_is_a_400(server):
+    state = cache_state(server.cache_dir)
+    for body in (b"[" * 4000, b'{"pinned": ' + b"[" * 2000 + b"]" * 2000 + b"}"):
+        answer = raw(server, "POST", f"/carnator/entries/{server.first_id}/pin", body)
+        assert_json_error(answer, 400)
+    assert cache_state(server.cache_dir) == state
+
+
+# ------------------------------------------------------------------ the Cache node's folder
+def _workflow_with_cache_folder(folder: str) -> dict:
+    prompt = json.loads(WORKFLOW.read_text())
+    prompt["2"]["inputs"]["text"] = PROMPT + " (folder test)"
+    prompt["20"] = {"class_type": "CarnatorCache", "inputs": {"folder": folder, "capacity_gb": 1.0}}
+    prompt["5"]["inputs"]["cache"] = ["20", 0]
+    return prompt
+
+
+def test_the_cache_node_refuses_folders_outside_comfyui(server, tmp_path):
+    outside = tmp_path / "elsewhere" / "cache"
+    for folder in (str(outside), "../../elsewhere", "/etc/carnator"):
+        with pytest.raises(RuntimeError, match="outside the folders Carnator may write to"):
+            server.queue(_workflow_with_cache_folder(folder))
+    assert not outside.exists() and not Path("/etc/carnator").exists()
+    summaries = carnator_outputs(server.run(_workflow_with_cache_folder("carnator_other")))
+    assert summaries and summaries[0]["outcome"] in ("miss", "exact")
+    assert list((server.user_dir / "carnator_other" / "tensors").glob("*.safetensors"))
+
+
 # ------------------------------------------------------------------ deleting
 def test_delete_racing_list(server):
     """A delete while pages are being read: every list answers 200 and consistent JSON,
@@ -367,3 +443,4 @@ def test_delete_then_clear(server):
     assert list((server.cache_dir / "tensors").glob("*.safetensors")) == []
     assert (server.cache_dir / "secret.txt").read_text() == SECRET  # only entries removed
     assert call(server, "GET", "/carnator/stats").json()["entries"] == 0
+

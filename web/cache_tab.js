@@ -59,10 +59,9 @@ class CachePanel {
   // -------------------------------------------------------------- server calls
   async call(path, options = {}) {
     const init = { ...options };
-    if (init.body !== undefined) {
-      init.body = JSON.stringify(init.body);
-      init.headers = { "Content-Type": "application/json" };
-    }
+    // the server takes pin, delete and clear only as JSON (its guard against other pages)
+    if (init.method && init.method !== "GET") init.headers = { "Content-Type": "application/json" };
+    if (init.body !== undefined) init.body = JSON.stringify(init.body);
     const resp = await this.api.fetchApi(path, init);
     let data = null;
     try {
