@@ -110,9 +110,10 @@ def certification_table(rep: dict) -> str:
     cert = rep.get("certification")
     if not cert:
         return ""
-    rows = [[a, num(r["threshold"]), r["accepted"], r["failures"], num(r["p_value"]),
-             pct(r["upper_bound"])] for a, r in cert["budgets"].items()]
-    return markdown(["α", "certified logit threshold λ", "accepted (certification pairs)",
+    rows = [[klass.replace("_", "-"), f"{c['instances']}", a, num(r["threshold"]), r["accepted"],
+             r["failures"], num(r["p_value"]), pct(r["upper_bound"])]
+            for klass, c in cert["classes"].items() for a, r in c["budgets"].items()]
+    return markdown(["evidence class", "pairs", "α", "certified logit threshold λ", "accepted",
                      "beyond tolerance", "p-value", f"upper {1 - cert['delta']:.0%} bound"], rows)
 
 

@@ -226,6 +226,25 @@ def edit_chains(n_pairs=120, seed=3030, first_group=0, exclude=()):
     return lines
 
 
+def paraphrase_pairs(n_pairs=120, seed=3060, first_group=0, exclude=()):
+    """More same-scene pairs: the same-scene evidence class is certified on its own, and a
+    failure rate of a few percent needs a few hundred pairs to be certified at all."""
+    rng = random.Random(seed)
+    lines, group, tries = [], first_group, 0
+    while group < first_group + n_pairs:
+        tries += 1
+        pair = WD.make_pair("compatible_far", 950_000 + tries)
+        pa, pb = pair["a"][1], pair["b"][1]
+        if pa in exclude or pb in exclude:
+            continue
+        req_seed = 700_000 + rng.randrange(100_000)
+        for role, p in (("anchor", pa), ("variant", pb)):
+            lines.append({"prompt": p, "seed": req_seed, "seed_policy": "same_seed",
+                          "group": group, "kind": "compatible_far", "role": role})
+        group += 1
+    return lines
+
+
 def calibration(n_pairs=240, seed=3003, exclude=()):
     exclude = set(exclude)
     rng = random.Random(seed)
@@ -262,6 +281,7 @@ def main(argv=None):
     held = {x["prompt"] for x in it + sv + nv}
     cal = calibration(exclude=held)
     cal += edit_chains(first_group=1 + max(x["group"] for x in cal), exclude=held)
+    cal += paraphrase_pairs(first_group=1 + max(x["group"] for x in cal), exclude=held)
     assert not ({x["seed"] for x in cal} & {x["seed"] for x in it + sv + nv})
     write("iterate", it, a.out)
     write("serve", sv, a.out)
