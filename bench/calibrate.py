@@ -127,6 +127,7 @@ def main(argv=None) -> dict:
                          "re-fit from their measurement files with --instances)")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--kinds", nargs="+", default=None, help="only pairs of these kinds")
+    ap.add_argument("--groups-from", type=int, default=None, help="only pair groups from this number on")
     ap.add_argument("--fill-calls", type=int, default=None,
                     help="model steps filling region M on a reuse (ReuseSettings.region_fill_calls)")
     ap.add_argument("--form", choices=("linear", "interaction"), default="interaction",
@@ -155,6 +156,8 @@ def main(argv=None) -> dict:
         _, lines = load_workload(a.workload)
         if a.kinds:
             lines = [ln for ln in lines if ln.get("kind") in a.kinds]
+        if a.groups_from is not None:  # measure only pairs added since the last measurement
+            lines = [ln for ln in lines if int(group_of(ln)) >= a.groups_from]
         groups = list(dict.fromkeys(group_of(ln) for ln in lines))
         if a.limit_pairs:
             groups = groups[:a.limit_pairs]
@@ -210,7 +213,8 @@ def main(argv=None) -> dict:
           f"{sum(labels)} exceeded tolerance (PSNR < {a.psnr_bound} dB or checker)")
     print(f"risk model: {model.source}")
     print(f"certified thresholds ({1 - a.delta:.0%} confidence): "
-          + ", ".join(f"α={k}: λ={v:.2f}" for k, v in model.thresholds.items()))
+          + "; ".join(f"{c}: " + ", ".join(f"α={k}: λ={v:.2f}" for k, v in t.items())
+                      for c, t in model.thresholds.items()))
     print(f"{'alpha':>6s} {'accepted':>9s} {'accept%':>8s} {'FA rate':>8s} {'FA up95':>8s} holds")
     for k, v in report["heldout"].items():
         print(f"{v['alpha']:6.2f} {v['accepted']:9d} {100 * v['accept_rate']:7.1f}% "

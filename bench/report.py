@@ -69,6 +69,54 @@ def matched_table(res: dict) -> str:
                      "text's best hit rate at ≤ Carnator's false accepts"], rows)
 
 
+def ci(m: dict) -> str:
+    c = m.get("false_accept_ci95")
+    return "—" if not c else f"{pct(m['false_accept_rate'])} [{pct(c[0])}, {pct(c[1])}]"
+
+
+def depth_table(res: dict, budgets=(0.02, 0.05, 0.1)) -> str:
+    """Issue 10's numbers: per workload and budget, what the gate reused and how deep."""
+    rows = []
+    for wl, sweep in res["sweeps"].items():
+        for m in sweep["carnator"]:
+            if m["risk_budget"] not in budgets:
+                continue
+            rows.append([wl, m["risk_budget"], pct(m["hit_rate"]), pct(m["gate_hit_rate"]), ci(m),
+                         num(m.get("mean_reuse_step")), num(m["steps_speedup_hits"], "×"),
+                         num(m.get("steps_speedup_same_scene_hits"), "×"),
+                         num(m.get("steps_speedup_other_hits"), "×"), num(m["gate_hit_speedup"], "×"),
+                         num(m["workload_speedup"], "×"), num(m["psnr_hits_mean"], " dB"),
+                         f"{pct(m['checker_accuracy'])} / {pct(m['checker_accuracy_full'])}"])
+    return markdown(["workload", "α", "hit rate", "gate hits", "false accepts [95% CI]", "mean k*",
+                     "steps speedup, gate hits", "same-scene hits", "other hits",
+                     "wall speedup, gate hits", "workload wall speedup", "PSNR on gate hits",
+                     "checker (system / full)"], rows)
+
+
+def easycache_table(res: dict) -> str:
+    rows = []
+    for wl, systems in res["workloads"].items():
+        for name, m in systems.items():
+            if name in ("full", "text") or name.startswith("carnator_sparse"):
+                continue
+            rows.append([wl, name, num(m["workload_speedup"], "×"), num(m.get("psnr_workload"), " dB"),
+                         num(m.get("psnr_all_mean"), " dB"), pct(m["hit_rate"]),
+                         f"{pct(m['checker_accuracy'])} / {pct(m['checker_accuracy_full'])}"])
+    return markdown(["workload", "system", "workload wall speedup", "workload PSNR (1/mean MSE)",
+                     "mean PSNR", "hit rate", "checker (system / full)"], rows)
+
+
+def certification_table(rep: dict) -> str:
+    cert = rep.get("certification")
+    if not cert:
+        return ""
+    rows = [[klass.replace("_", "-"), f"{c['instances']}", a, num(r["threshold"]), r["accepted"],
+             r["failures"], num(r["p_value"]), pct(r["upper_bound"])]
+            for klass, c in cert["classes"].items() for a, r in c["budgets"].items()]
+    return markdown(["evidence class", "pairs", "α", "certified logit threshold λ", "accepted",
+                     "beyond tolerance", "p-value", f"upper {1 - cert['delta']:.0%} bound"], rows)
+
+
 def calibration_table(rep: dict) -> str:
     rows = [[v["alpha"], v["accepted"], pct(v["false_accept_rate"]), pct(v["false_accept_upper95"]),
              v["holds"]] for v in rep["heldout"].values()]
@@ -85,11 +133,18 @@ def main() -> None:
         print("Checker agreement of full computation, per attribute:\n")
         print(attributes_table(res), "\n")
         print(matched_table(res), "\n")
+        print("Depth and speed by risk budget:\n")
+        print(depth_table(res), "\n")
+        if any(k.startswith(("easycache", "carnator_easycache")) for w in res["workloads"].values() for k in w):
+            print("Carnator, EasyCache, and both:\n")
+            print(easycache_table(res), "\n")
     rep = _load("calibration_report.json")
     if rep:
         print(f"Calibration: {rep['instances']} candidate pairs, {rep['measured_reuses']} measured "
               f"reuses, {rep['exceeded_tolerance']} beyond tolerance; held out by pair:\n")
         print(calibration_table(rep), "\n")
+        print("Certified thresholds (Learn-then-Test):\n")
+        print(certification_table(rep), "\n")
     loc = _load("localization.json")
     if loc:
         print("Localization:", json.dumps(loc["summary"]))

@@ -18,7 +18,7 @@ import math
 import random
 from pathlib import Path
 
-from .gate import FEATURES, RiskModel
+from .gate import EVIDENCE_CLASSES, FEATURES, RiskModel, evidence_class
 from .risk_control import certify, clopper_pearson_upper
 
 
@@ -110,32 +110,36 @@ CERTIFIED_BUDGETS = (0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5)  # each certified on 
 def certify_model(model: RiskModel, instances: list[dict], delta: float = 0.1,
                   budgets=CERTIFIED_BUDGETS, max_region_fraction: float = 0.5,
                   min_k: int | None = None, max_k: int | None = None) -> dict:
-    """Choose the gate's logit threshold for each budget by Learn-then-Test
-    (``risk_control.certify``) on measured reuses the model was *not* fitted on, store them
-    in ``model.thresholds`` with confidence 1−δ, and return the evidence per budget.
+    """Choose the gate's logit threshold for each evidence class and budget by
+    Learn-then-Test (``risk_control.certify``) on measured reuses the model was *not* fitted
+    on, store them in ``model.thresholds`` with confidence 1−δ (per class), and return the
+    evidence. Certifying each class apart (the classes are read from the evidence, never
+    from labels) keeps the budget whatever share of paraphrases and edits a workload has.
 
     Identical requests are left out: the pipeline answers them as exact repeats, so the gate
     never sees them and they would only dilute the measured risk.
     """
-    per_inst = []  # each eligible instance: [(logit, label)] deepest depth first
+    per_class: dict[str, list] = {k: [] for k in EVIDENCE_CLASSES}
     for inst in instances:
         if inst.get("kind") == "identical" or inst["features"]["region_fraction"] > max_region_fraction:
             continue
         scored = [(model.logit({**inst["features"], "depth_fraction": d["depth_fraction"]}), int(d["label"]))
                   for d in sorted(_depths(inst, min_k, max_k), key=lambda d: -d["k"])]
-        if scored:
-            per_inst.append(scored)
+        if scored:  # deepest depth first
+            per_class[evidence_class(inst["features"])].append(scored)
+    model.thresholds, model.confidence = {}, 1.0 - delta
+    report = {"delta": delta, "instances": sum(len(v) for v in per_class.values()), "classes": {}}
+    for klass, members in per_class.items():
+        def decisions(lam: float, members=members) -> list[int]:
+            picked = (next((y for z, y in scored if z <= lam), None) for scored in members)
+            return [y for y in picked if y is not None]
 
-    def decisions(lam: float) -> list[int]:
-        picked = (next((y for z, y in scored if z <= lam), None) for scored in per_inst)
-        return [y for y in picked if y is not None]
-
-    grid = sorted({z for scored in per_inst for z, _ in scored})
-    grid = grid[::max(1, len(grid) // GRID_POINTS)]  # thinned by the logits alone, never labels
-    report = {f"{a:g}": certify(decisions, grid, a, delta) for a in budgets}
-    model.thresholds = {a: r["threshold"] for a, r in report.items() if r["threshold"] is not None}
-    model.confidence = 1.0 - delta
-    return {"delta": delta, "instances": len(per_inst), "budgets": report}
+        grid = sorted({z for scored in members for z, _ in scored})
+        grid = grid[::max(1, len(grid) // GRID_POINTS)]  # thinned by the logits alone, never labels
+        res = {f"{a:g}": certify(decisions, grid, a, delta) for a in budgets}
+        model.thresholds[klass] = {a: r["threshold"] for a, r in res.items() if r["threshold"] is not None}
+        report["classes"][klass] = {"instances": len(members), "budgets": res}
+    return report
 
 
 def calibration_path(cache_folder: str | Path, model_fingerprint: str) -> Path:

@@ -25,6 +25,19 @@ FEATURES = ("outside_mean", "outside_max", "region_fraction", "depth_fraction", 
 
 
 EVIDENCE = tuple(k for k in FEATURES if k != "depth_fraction")
+EVIDENCE_CLASSES = ("same_scene", "other")
+# Same-scene evidence: the probes agree on (nearly) every tile and globally. A paraphrase
+# moves 0.4% of the tiles and its global signature by < 0.5% (tiny world); an edit moves 15%.
+SAME_SCENE_REGION = 0.02
+SAME_SCENE_GAP = 0.005
+
+
+def evidence_class(features: dict[str, float]) -> str:
+    """The class whose certified thresholds apply: each class keeps its own guarantee, so
+    the budget holds however a workload mixes paraphrases and edits."""
+    same = (features["region_fraction"] <= SAME_SCENE_REGION
+            and features["similarity_gap"] <= SAME_SCENE_GAP)
+    return "same_scene" if same else "other"
 INTERACTION_EVIDENCE_SCALE = 0.01  # s(e) = log(1 + e/0.01): 0.4% of tiles and 15% far apart
 
 
@@ -51,10 +64,11 @@ class RiskModel:
     source: str = "default prior (uncalibrated)"
     depth_weights: dict[str, float] = field(default_factory=dict)  # missing = 0 (older files)
     evidence_scale: float | None = None
-    # Certified acceptance thresholds on the logit, one per risk budget α ("0.05": λ), chosen
-    # by calibration.certify (Learn-then-Test) with confidence ``confidence``. Empty: the gate
-    # compares the predicted risk with α directly (the prior, older files).
-    thresholds: dict[str, float] = field(default_factory=dict)
+    # Certified acceptance thresholds on the logit per evidence class and risk budget α
+    # ({"same_scene": {"0.05": λ}, "other": {…}}), chosen by calibration.certify_model
+    # (Learn-then-Test) with confidence ``confidence`` for each class. Empty: the gate compares
+    # the predicted risk with α directly (the prior, older files).
+    thresholds: dict[str, dict[str, float]] = field(default_factory=dict)
     confidence: float | None = None
 
     def scaled(self, features: dict[str, float]) -> dict[str, float]:
@@ -74,17 +88,19 @@ class RiskModel:
         z = self.logit(features)
         return 1.0 / (1.0 + math.exp(-max(min(z, 50.0), -50.0)))
 
-    def threshold_for(self, alpha: float) -> tuple[float, float] | None:
-        """(certified α', λ) for the largest certified α' ≤ α, or None when no certified
-        budget is that strict (then nothing is accepted: the guarantee cannot be given)."""
-        fits = [(float(a), lam) for a, lam in self.thresholds.items() if float(a) <= alpha + 1e-12]
+    def threshold_for(self, alpha: float, klass: str) -> tuple[float, float] | None:
+        """(certified α', λ) of this evidence class for the largest certified α' ≤ α, or None
+        when no certified budget is that strict (then nothing is accepted: the guarantee
+        cannot be given)."""
+        fits = [(float(a), lam) for a, lam in self.thresholds.get(klass, {}).items()
+                if float(a) <= alpha + 1e-12]
         return max(fits) if fits else None
 
     def accepts(self, features: dict[str, float], alpha: float) -> bool:
         """The gate's test for one candidate at one depth under budget α."""
         if not self.thresholds:
             return self.risk(features) <= alpha
-        certified = self.threshold_for(alpha)
+        certified = self.threshold_for(alpha, evidence_class(features))
         return certified is not None and self.logit(features) <= certified[1]
 
     def save(self, path: str | Path) -> None:
@@ -269,14 +285,16 @@ def decide(new: EarlySignature, candidates: list[tuple[str, EarlySignature, floa
 def _deepest_acceptable(feats: dict[str, float], depths: list[int], steps: int,
                         model: RiskModel, alpha: float, base: dict) -> Plan:
     """The deepest depth (``depths`` deepest first) the risk model accepts under α."""
-    certified = model.threshold_for(alpha) if model.thresholds else None
+    klass = evidence_class(feats)
+    certified = model.threshold_for(alpha, klass) if model.thresholds else None
     if model.thresholds and certified is None:
-        smallest = min(float(a) for a in model.thresholds)
+        budgets = [float(a) for a in model.thresholds.get(klass, {})]
+        strictest = f"the strictest certified budget is {min(budgets):.1%}" if budgets else "none is"
         return Plan(False, features=feats, reason=(
-            f"no depth is certified at risk budget {alpha:.1%} for this model (the strictest "
-            f"certified budget is {smallest:.1%}): raise the budget or re-calibrate"), **base)
-    how = (f"certified at budget {certified[0]:.1%} with {model.confidence:.0%} confidence"
-           if certified else f"≤ budget {alpha:.1%}")
+            f"no depth is certified at risk budget {alpha:.1%} for {klass.replace('_', '-')} "
+            f"evidence on this model ({strictest}): raise the budget or re-calibrate"), **base)
+    how = (f"{klass.replace('_', '-')} evidence, certified at budget {certified[0]:.1%} with "
+           f"{model.confidence:.0%} confidence" if certified else f"≤ budget {alpha:.1%}")
     for k in depths:
         f = {**feats, "depth_fraction": k / steps}
         if model.accepts(f, alpha):

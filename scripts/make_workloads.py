@@ -198,6 +198,53 @@ def novel(n_sessions=24, edits=6, seed=4004):
     return lines
 
 
+def edit_chains(n_pairs=120, seed=3030, first_group=0, exclude=()):
+    """Pairs two or three of iterate's edits apart (flip, synonym, one-of-two object change):
+    what an editing session offers once only the trajectories computed in full are reuse
+    sources (the request a few edits back, not the previous hit)."""
+    rng = random.Random(seed)
+    lines, group = [], first_group
+    while group < first_group + n_pairs:
+        scene = WD.random_scene(rng, rng.choice((1, 2)))
+        anchor = WD.caption(scene, canonical=True)
+        prompt, kinds = anchor, []
+        for _ in range(rng.choice((2, 3))):
+            kind = rng.choice(["flip", "synonym"] + (["object_change"] if len(scene["objects"]) == 2 else []))
+            if kind == "synonym":
+                prompt = WD.caption(scene, rng)
+            else:
+                scene, _ = (_flip if kind == "flip" else _change_one)(scene, rng)
+                prompt = WD.caption(scene, canonical=True)
+            kinds.append(kind)
+        if prompt == anchor or anchor in exclude or prompt in exclude:
+            continue
+        req_seed = 600_000 + rng.randrange(100_000)
+        for role, p in (("anchor", anchor), ("variant", prompt)):
+            lines.append({"prompt": p, "seed": req_seed, "seed_policy": "same_seed", "group": group,
+                          "kind": "edit_chain", "edits": "+".join(kinds), "role": role})
+        group += 1
+    return lines
+
+
+def paraphrase_pairs(n_pairs=120, seed=3060, first_group=0, exclude=()):
+    """More same-scene pairs: the same-scene evidence class is certified on its own, and a
+    failure rate of a few percent needs a few hundred pairs to be certified at all."""
+    rng = random.Random(seed)
+    lines, group, tries = [], first_group, 0
+    while group < first_group + n_pairs:
+        tries += 1
+        pair = WD.make_pair("compatible_far", 950_000 + tries)
+        pa, pb = pair["a"][1], pair["b"][1]
+        if pa in exclude or pb in exclude:
+            continue
+        req_seed = 700_000 + rng.randrange(100_000)
+        for role, p in (("anchor", pa), ("variant", pb)):
+            lines.append({"prompt": p, "seed": req_seed, "seed_policy": "same_seed",
+                          "group": group, "kind": "compatible_far", "role": role})
+        group += 1
+    return lines
+
+
 def calibration(n_pairs=240, seed=3003, exclude=()):
     exclude = set(exclude)
     rng = random.Random(seed)
@@ -231,7 +278,10 @@ def main(argv=None):
     ap.add_argument("--out", default=OUT)
     a = ap.parse_args(argv)
     it, sv, nv = iterate(), serve(), novel()
-    cal = calibration(exclude={x["prompt"] for x in it + sv + nv})
+    held = {x["prompt"] for x in it + sv + nv}
+    cal = calibration(exclude=held)
+    cal += edit_chains(first_group=1 + max(x["group"] for x in cal), exclude=held)
+    cal += paraphrase_pairs(first_group=1 + max(x["group"] for x in cal), exclude=held)
     assert not ({x["seed"] for x in cal} & {x["seed"] for x in it + sv + nv})
     write("iterate", it, a.out)
     write("serve", sv, a.out)

@@ -11,7 +11,7 @@ import pytest
 
 from carnator_core import calibration as CAL
 from carnator_core import risk_control as RC
-from carnator_core.gate import GateSettings, RiskModel, decide
+from carnator_core.gate import EVIDENCE_CLASSES, GateSettings, RiskModel, decide, evidence_class
 from carnator_core.signature import EarlySignature
 
 
@@ -74,15 +74,18 @@ def test_certified_model_reuses_same_scene_deep_and_edits_shallow():
     fit_set, cert_set = [], []
     for i in range(400):
         agree = i % 2 == 0
-        labels = [0, 0, 0, int(rng.random() < 0.01)] if agree else [0, int(rng.random() < 0.3), 1, 1]
+        labels = [0, 0, 0, int(rng.random() < 0.002)] if agree else [0, int(rng.random() < 0.3), 1, 1]
         (fit_set if i < 160 else cert_set).append(
             _instance("same" if agree else "edit", agree, labels))
     cert_set.append(_instance("identical", True, [1, 1, 1, 1]))  # exact repeats never reach the gate
     model = CAL.fit(fit_set, 0.35, form="interaction")
     report = CAL.certify_model(model, cert_set, delta=0.1)
     assert report["instances"] == 240  # the identical pair is left out
-    assert "0.05" in model.thresholds and model.confidence == pytest.approx(0.9)
-    assert report["budgets"]["0.05"]["upper_bound"] <= 0.05
+    # each evidence class is certified on its own members
+    assert {k: c["instances"] for k, c in report["classes"].items()} == {"same_scene": 120, "other": 120}
+    assert all("0.05" in model.thresholds[k] for k in EVIDENCE_CLASSES)
+    assert model.confidence == pytest.approx(0.9)
+    assert all(c["budgets"]["0.05"]["upper_bound"] <= 0.05 for c in report["classes"].values())
     same, edit = (CAL.gate_decision(model, _instance(k, a, [0] * 4), 0.05)
                   for k, a in (("same", True), ("edit", False)))
     assert same["k"] == 16 and edit["k"] == 4, (same, edit)
@@ -90,7 +93,7 @@ def test_certified_model_reuses_same_scene_deep_and_edits_shallow():
     sig = EarlySignature(1, (1, 1, 1), __import__("torch").zeros(16, 1), None)
     plan, _ = decide(sig, [("e1", sig, 1.0, [4, 8, 12, 16])], 20, 2, model, GateSettings(risk_budget=0.05))
     assert plan.accept and plan.reuse_step == 16 and "certified" in plan.reason
-    strict = min(float(a) for a in model.thresholds) / 2
+    strict = min(float(a) for a in model.thresholds["same_scene"]) / 2
     plan, _ = decide(sig, [("e1", sig, 1.0, [4, 8, 12, 16])], 20, 2, model,
                      GateSettings(risk_budget=strict))
     assert not plan.accept and "no depth is certified" in plan.reason
@@ -99,4 +102,11 @@ def test_certified_model_reuses_same_scene_deep_and_edits_shallow():
     with tempfile.TemporaryDirectory() as d:
         path = CAL.save(model, d, "fp")
         loaded = RiskModel.load(path)
-    assert loaded.thresholds == pytest.approx(model.thresholds) and loaded.confidence == model.confidence
+    assert loaded.thresholds == model.thresholds and loaded.confidence == model.confidence
+
+
+def test_evidence_class_reads_only_the_evidence():
+    paraphrase = {"region_fraction": 0.004, "similarity_gap": 0.002}
+    edit = {"region_fraction": 0.15, "similarity_gap": 0.002}
+    far = {"region_fraction": 0.0, "similarity_gap": 0.1}
+    assert [evidence_class(f) for f in (paraphrase, edit, far)] == ["same_scene", "other", "other"]
