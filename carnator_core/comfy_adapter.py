@@ -234,14 +234,15 @@ def install_attention_override(m, recorder: StepRecorder) -> None:
             return dense()
         layer = recorder.attention_layer
         recorder.attention_layer += 1
-        mode = plan.mode(recorder.step_of(kwargs.get("transformer_options", {}).get("sigmas")))
+        step = recorder.step_of(kwargs.get("transformer_options", {}).get("sigmas"))
+        mode = plan.mode(step)
         if mode == "dense":
             return dense()
         b = q.shape[0]
         qh, kh, vh = (q, k, v) if split else (
             t.view(b, -1, heads, t.shape[-1] // heads).transpose(1, 2) for t in (q, k, v))
         if mode == "capture":
-            plan.capture(layer, qh, kh, kind[0])
+            plan.capture(layer, qh, kh, kind[0], step)
             return dense()
         out = plan.run_sparse(layer, qh, kh, vh, *kind)
         if out is None:
