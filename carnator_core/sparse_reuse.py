@@ -206,6 +206,12 @@ class AttentionPlan:
         self.block_size = self.block_size or block_size_for(n_img)
         qp, _ = block_pool(q[:, :, :n_img], self.block_size)
         kp, kcounts = block_pool(k[:, :, :n_img], self.block_size)
+        self.capture_pooled(layer, qp, kp, kcounts, step)
+
+    @torch.no_grad()
+    def capture_pooled(self, layer: int, qp: torch.Tensor, kp: torch.Tensor,
+                       kcounts: torch.Tensor, step: int | None = None) -> None:
+        """:meth:`capture` from block-pooled q and k (B, H, n, D): the selection and packing."""
         heads, n = qp.shape[1], qp.shape[2]
         parts = []
         for h0, h1 in head_chunks(heads, n, n):  # bounded transients, whatever the model
