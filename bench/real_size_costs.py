@@ -38,6 +38,7 @@ SIZES = {
     "hunyuan_720p_129": dict(layers=60, heads=24, head_dim=128, dim=3072, latent=(1, 16, 33, 90, 160)),
 }
 STEPS, BATCH, MODEL_DTYPE = 50, 2, torch.bfloat16
+AMPLITUDE = (100.0, 250.0)  # range of q·k of a token with itself per head, before 1/sqrt(d)
 
 
 # ------------------------------------------------------------------ measuring tools
@@ -97,15 +98,17 @@ def local_qk(size, device, seed=0):
                           torch.empty(heads).uniform_(20, 60, generator=g)], -1)  # columns
     freqs = torch.randn(heads, 3, d // 2, generator=g) / scales[:, :, None]
     freqs = freqs.permute(1, 0, 2).reshape(3, heads * d // 2).to(device)
-    amp = math.sqrt(24.0 / d)
+    amp = (torch.empty(heads).uniform_(*AMPLITUDE, generator=g) / d).sqrt().to(device)
+    amp = amp.repeat_interleave(d // 2).repeat(2)  # the (cos, sin) halves of every head
     q = torch.empty(BATCH, coords.shape[0], heads * d, dtype=MODEL_DTYPE, device=device)
     k = torch.empty_like(q)
     for s in range(0, coords.shape[0], 8192):  # a chunk at a time: float32 whole is 3 GB at 14B
         phase = coords[s:s + 8192].to(device) @ freqs
         feats = (torch.cat([phase.cos(), phase.sin()], -1) * amp).view(-1, 2, heads, d // 2)
         feats = feats.transpose(1, 2).reshape(-1, heads * d)
-        q[:, s:s + 8192] = feats + 0.3 * amp * torch.randn(feats.shape, generator=g).to(device)
-        k[:, s:s + 8192] = feats + 0.3 * amp * torch.randn(feats.shape, generator=g).to(device)
+        noise = 0.3 * feats.abs().mean()
+        q[:, s:s + 8192] = feats + noise * torch.randn(feats.shape, generator=g).to(device)
+        k[:, s:s + 8192] = feats + noise * torch.randn(feats.shape, generator=g).to(device)
     return q, k
 
 
@@ -124,6 +127,23 @@ class ShapeOnlyRun:
         return self.tokens
 
 
+def pooled(qh, kh, block_size):
+    """Block means of q and k and key-block token counts (inputs for every layer's variant;
+    written here so that --before can use it with code that has no such function)."""
+    def pool(x):
+        n = -(-x.shape[2] // block_size)
+        return torch.stack([x[:, :, i * block_size:(i + 1) * block_size].float().mean(2)
+                            for i in range(n)], 2)
+    counts = torch.full((-(-kh.shape[2] // block_size),), float(block_size), device=kh.device)
+    counts[-1] = kh.shape[2] - (counts.numel() - 1) * block_size
+    return pool(qh), pool(kh), counts
+
+
+def pooled_scores(qp, kp, kcounts):
+    logits = (qp @ kp.transpose(-1, -2)) * qp.shape[-1] ** -0.5 + torch.log(kcounts)
+    return torch.softmax(logits, -1)
+
+
 def layer_variants(qp, kp, layers, seed=1):
     """Per-layer pooled q/k that differ like layers do: heads permuted and perturbed."""
     g = torch.Generator().manual_seed(seed)
@@ -134,93 +154,127 @@ def layer_variants(qp, kp, layers, seed=1):
 
 
 # ------------------------------------------------------------------ one size
+class Phases:
+    """Seconds per phase of one request, each marked where it runs: on the host CPU, or on
+    the model's device (here the CPU too, unless --device cuda)."""
+
+    def __init__(self, device):
+        self.device, self.rows = device, {}
+
+    def time(self, name, where, fn, times=1.0, repeats=1):
+        seconds, out = timed(fn, self.device, repeats)
+        self.rows[name] = {"seconds": seconds * times, "where": where}
+        return out
+
+    def total(self, names, where):
+        return sum(self.rows[n]["seconds"] for n in names if self.rows[n]["where"] == where)
+
+
+MISS = ["capture_pooling", "probe_selection", "measured", "signature_tiles", "snapshots",
+        "packing", "store", "lookup"]
+HIT = ["hit_load", "hit_unpack_per_step"]
+
+
 def measure(name, size, device, core_is_new, sample_layers):
     from carnator_core.cache import TrajectoryCache
-    from carnator_core.connectivity import block_pool, pooled_scores
     from carnator_core.pipeline import ReuseSettings, TrajectoryRecord
     from carnator_core.sparse_reuse import AttentionPlan, Connectivity, SparseSettings
 
     settings = ReuseSettings()
     probe_steps, last = settings.probe_steps(STEPS), settings.probe_steps(STEPS) - 1
-    layers, heads = size["layers"], size["heads"]
-    latent = torch.randn(size["latent"], device=device)
+    layers, heads, thw = size["layers"], size["heads"], tuple(size["latent"][-3:])
+    calls = 1 if core_is_new else probe_steps  # model calls per layer whose capture is kept
+    ph, mem = Phases(device), {}
     q, k = local_qk(size, device)
     qh, kh = heads_view(q, heads), heads_view(k, heads)
     n_img = qh.shape[2]
-    plan = AttentionPlan(SparseSettings(), tuple(size["latent"][-3:]))
-    r = {"tokens": n_img, "layers": layers, "heads": heads, "probe_steps": probe_steps}
+    plan = AttentionPlan(SparseSettings(), thw)
+    step_arg = [last] if core_is_new else []
 
-    # capture of one layer in one model call, pooling included (the q·k block mass)
-    with PeakMemory(device) as mem:
-        t_capture, _ = timed(lambda: [plan.capture(i, qh, kh, n_img, *([last] if core_is_new else []))
-                                      for i in range(sample_layers)], device)
-    r["capture_per_layer_s"] = t_capture / sample_layers
-    r["capture_peak_extra_cpu_bytes"], r["capture_peak_extra_device_bytes"] = mem.cpu_extra, mem.device_extra
-    bs = plan.block_size
-    qp, _ = block_pool(qh, bs)
-    kp, kcounts = block_pool(kh, bs)
+    # the q·k block mass of one layer in one model call (pooling), scaled to a request
+    with PeakMemory(device) as m:
+        ph.time("capture_pooling", "device", lambda: [plan.capture(i, qh, kh, n_img, *step_arg)
+                                                     for i in range(sample_layers)],
+                times=layers * calls / sample_layers)
+    mem["capture"] = (m.cpu_extra, m.device_extra)
+    qp, kp, kcounts = pooled(qh, kh, plan.block_size)
     del q, k, qh, kh
-    calls = 1 if core_is_new else probe_steps  # model calls whose capture is kept per layer
 
-    # every layer's measurement, as a request makes it
-    with PeakMemory(device) as mem:
-        t0 = time.perf_counter()
+    if core_is_new:  # the sampled captures above are not part of the request's masks
+        plan.reset_measurement()
+    else:
+        plan.scores, plan.score_counts = {}, {}
+
+    def select_every_layer():
         for layer, qpl, kpl in layer_variants(qp, kp, layers):
             if core_is_new:  # the mask, on the device, right away
                 plan.capture_pooled(layer, qpl, kpl, kcounts, last)
-            else:            # the batch mean added to a CPU running total, once per probe step
+            else:            # old capture: batch mean added to a CPU running total per call
                 s = pooled_scores(qpl, kpl, kcounts).mean(0)
                 for _ in range(calls):
                     plan.scores[layer] = plan.scores.get(layer, 0) + s.cpu()
                 plan.score_counts[layer] = calls
-        sync(device)
-        r["probe_layers_s"] = time.perf_counter() - t0
-        r["mask_measurement_s"], conn = timed(plan.measured, device)
-    r["probe_peak_extra_cpu_bytes"], r["probe_peak_extra_device_bytes"] = mem.cpu_extra, mem.device_extra
-    r["connectivity_density"] = conn.density
+    with PeakMemory(device) as m:
+        ph.time("probe_selection", "device" if core_is_new else "host", select_every_layer)
+        conn = ph.time("measured", "host", plan.measured)
+    mem["probe"] = (m.cpu_extra, m.device_extra)
 
-    # snapshots, final latent and signature tiles, as the record keeps them
+    latent = torch.randn(size["latent"], device=device)
     tokens = torch.randn(n_img, size["dim"], dtype=MODEL_DTYPE, device=device)
-    with PeakMemory(device) as mem:
-        record = TrajectoryRecord(ShapeOnlyRun(size["latent"]), settings.snapshot_steps(STEPS))
-        t0 = time.perf_counter()
-        for step in range(STEPS):
-            record.run.tokens = (tokens if core_is_new else tokens.float().cpu()) if step < probe_steps else None
-            record.on_step(step, latent, latent)
-        r["record_steps_s"] = time.perf_counter() - t0
-        r["packing_s"], tensors = timed(lambda: {**record.tensors(latent), **conn.to_tensors()}, device)
-    r["record_peak_extra_cpu_bytes"] = mem.cpu_extra
+    record = TrajectoryRecord(ShapeOnlyRun(size["latent"]), settings.snapshot_steps(STEPS))
+    snapshot_steps = sorted(record.snapshot_steps)
+    record.snapshot_steps = set()  # tiles only; the snapshots are timed on their own below
 
+    def tiles_of_one_step(with_tokens):
+        # before: the adapter copied the block's tokens to the CPU as float32, then pooled
+        record.run.tokens = None if not with_tokens else tokens if core_is_new else tokens.float().cpu()
+        record.on_step(0, latent, latent)
+    t_plain, _ = timed(lambda: tiles_of_one_step(False), device, 3)
+    t_tokens, _ = timed(lambda: tiles_of_one_step(True), device, 1)
+    ph.rows["signature_tiles"] = {"seconds": t_plain * (STEPS - probe_steps) + t_tokens * probe_steps,
+                                  "where": "device" if core_is_new else "host"}
+    record.snapshot_steps = set(snapshot_steps)
+    with PeakMemory(device) as m:
+        ph.time("snapshots", "host", lambda: [record.on_step(s, latent, latent) for s in snapshot_steps])
+        tensors = ph.time("packing", "host", lambda: {**record.tensors(latent), **conn.to_tensors()})
+    mem["record"] = (m.cpu_extra, m.device_extra)
+    ph.rows["snapshots"]["seconds"] -= t_plain * len(snapshot_steps)  # tiles counted above
+
+    r = {"tokens": n_img, "blocks": plan.block_size and -(-n_img // plan.block_size),
+         "layers": layers, "heads": heads, "probe_steps": probe_steps,
+         "snapshots": len(snapshot_steps), "connectivity_density": conn.density}
     with tempfile.TemporaryDirectory() as folder:
         cache = TrajectoryCache(folder, 1 << 40)
         row = {"class_key": "bench", "exact_key": "bench", "model_fingerprint": name,
                "latent_shape": "x".join(map(str, size["latent"])), "steps": STEPS,
-               "snapshot_steps": str(sorted(record.snapshots)), "probe_step": probe_steps}
+               "snapshot_steps": str(snapshot_steps), "probe_step": probe_steps}
         sig = torch.randn(512)
-        r["store_s"], entry_id = timed(lambda: cache.store(row, tensors, sig), device)
+        with PeakMemory(device) as m:
+            entry_id = ph.time("store", "host", lambda: cache.store(row, tensors, sig))
+        mem["store"] = (m.cpu_extra, m.device_extra)
         r["entry_bytes"] = cache.get(entry_id).row["bytes"]
         conn_keys = [key for key in tensors if key.startswith("connectivity")]
         r["connectivity_bytes"] = sum(tensors[key].numel() * tensors[key].element_size() for key in conn_keys)
         r["snapshot_bytes"] = sum(x.numel() * x.element_size() for x in record.snapshots.values())
-        r["lookup_s"], _ = timed(lambda: cache.lookup("bench", sig, 3), device, repeats=3)
+        ph.time("lookup", "host", lambda: cache.lookup("bench", sig, 3), repeats=3)
+        snap = f"snapshot.{snapshot_steps[-1]}"
 
-        def hit():
-            loaded = cache.load_tensors(entry_id, conn_keys + [f"snapshot.{max(record.snapshots)}"])
-            c = Connectivity.from_tensors(loaded)
-            if core_is_new:  # what one sampling step unpacks: each layer, on the device
-                for layer in range(layers):
-                    c.layer_mask(layer, device)
-            loaded[f"snapshot.{max(record.snapshots)}"].to(device, torch.float32)
-            return c
-        with PeakMemory(device) as mem:
-            r["hit_unpack_s"], _ = timed(hit, device)
-        r["hit_peak_extra_cpu_bytes"] = mem.cpu_extra
-    probe_host = r["probe_layers_s"] * (1 if core_is_new else 1)  # already all probe calls
-    r["miss_bookkeeping_s"] = (probe_host + r["mask_measurement_s"] + r["record_steps_s"]
-                               + r["packing_s"] + r["store_s"] + r["lookup_s"])
-    r["miss_peak_extra_cpu_bytes"] = max(r["probe_peak_extra_cpu_bytes"], r["record_peak_extra_cpu_bytes"])
-    # capture pooling reads q and k once per kept call; attention reads them ~L/block times
-    r["capture_pooling_s_per_request"] = r["capture_per_layer_s"] * layers * calls
+        def load():
+            loaded = cache.load_tensors(entry_id, conn_keys + [snap])
+            loaded[snap].to(device, torch.float32)
+            return Connectivity.from_tensors(loaded)
+        with PeakMemory(device) as m:
+            c = ph.time("hit_load", "host", load)
+            # what each sampling step then unpacks, layer by layer where it runs
+            ph.time("hit_unpack_per_step", "device", lambda: [
+                c.layer_mask(i, device) if core_is_new else c.mask[i].to(device) for i in range(layers)])
+        mem["hit"] = (m.cpu_extra, m.device_extra)
+    r["phases"] = ph.rows
+    r["miss_host_s"], r["miss_device_s"] = ph.total(MISS, "host"), ph.total(MISS, "device")
+    r["hit_host_s"], r["hit_device_s"] = ph.total(HIT, "host"), ph.total(HIT, "device")
+    r["peak_extra_cpu_bytes"] = {k: v[0] for k, v in mem.items()}
+    r["peak_extra_device_bytes"] = {k: v[1] for k, v in mem.items()}
+    r["miss_peak_extra_cpu_bytes"] = max(mem[k][0] for k in ("capture", "probe", "record", "store"))
     return r
 
 
@@ -231,6 +285,8 @@ def main():
     ap.add_argument("--before", help="folder holding an older carnator_core to time instead")
     ap.add_argument("--sample-layers", type=int, default=2,
                     help="layers whose full capture (pooling q and k) is timed and scaled up")
+    ap.add_argument("--threads", type=int, default=1,
+                    help="CPU threads (1: comparable on a shared machine, as the issue measured)")
     ap.add_argument("--out", default=str(OUT))
     ap.add_argument("--small", action="store_true", help="a tiny shape, for the smoke test")
     args = ap.parse_args()
@@ -239,6 +295,7 @@ def main():
     from carnator_core import sparse_reuse
     core_is_new = hasattr(sparse_reuse.AttentionPlan, "capture_pooled")
     torch.set_grad_enabled(False)
+    torch.set_num_threads(args.threads)
     device = torch.device(args.device)
     sizes = ({"small": dict(layers=2, heads=2, head_dim=32, dim=64, latent=(1, 16, 3, 32, 32))}
              if args.small else {n: SIZES[n] for n in args.sizes})
@@ -246,10 +303,10 @@ def main():
     for name, size in sizes.items():
         r = measure(name, size, device, core_is_new, args.sample_layers)
         results[name] = r
-        print(f"{name}: miss bookkeeping {r['miss_bookkeeping_s']:.2f} s "
-              f"(mask {r['probe_layers_s'] + r['mask_measurement_s']:.2f} s, store {r['store_s']:.2f} s), "
+        print(f"{name}: miss host {r['miss_host_s']:.2f} s + device {r['miss_device_s']:.2f} s, "
               f"peak extra CPU {r['miss_peak_extra_cpu_bytes'] / 2**30:.2f} GiB, "
-              f"entry {r['entry_bytes'] / 1e6:.1f} MB, hit unpack {r['hit_unpack_s']:.2f} s, "
+              f"entry {r['entry_bytes'] / 1e6:.1f} MB (connectivity {r['connectivity_bytes'] / 1e6:.1f} MB), "
+              f"hit host {r['hit_host_s']:.2f} s + device {r['hit_device_s']:.2f} s, "
               f"density {r['connectivity_density']:.0%}", flush=True)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -258,13 +315,13 @@ def main():
     doc[key] = {"device": str(device), "torch": torch.__version__, "threads": torch.get_num_threads(),
                 "code": str(Path(carnator_core.__file__).parent), "sizes": results}
     if "before" in doc and "after" in doc:
-        doc["ratios"] = {n: {"miss_bookkeeping": doc["before"]["sizes"][n]["miss_bookkeeping_s"]
-                             / doc["after"]["sizes"][n]["miss_bookkeeping_s"],
+        doc["ratios"] = {n: {"miss_host": doc["before"]["sizes"][n]["miss_host_s"]
+                             / doc["after"]["sizes"][n]["miss_host_s"],
                              "entry_bytes": doc["after"]["sizes"][n]["entry_bytes"]
                              / doc["before"]["sizes"][n]["entry_bytes"]}
                          for n in doc["after"]["sizes"] if n in doc["before"]["sizes"]}
         for n, ratio in doc["ratios"].items():
-            print(f"{n}: miss bookkeeping before/after {ratio['miss_bookkeeping']:.1f}x, "
+            print(f"{n}: miss host bookkeeping before/after {ratio['miss_host']:.1f}x, "
                   f"entry bytes after/before {ratio['entry_bytes']:.0%}")
     out.write_text(json.dumps(doc, indent=1))
 
