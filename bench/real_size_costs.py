@@ -59,6 +59,14 @@ def timed(fn, device, repeats=1):
     return statistics.median(times), out
 
 
+def _release_freed_memory():
+    try:
+        import ctypes
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc: peaks may read low
+        pass
+
+
 class PeakMemory:
     """Peak extra resident CPU memory (Linux VmHWM, reset per phase) and device memory."""
 
@@ -73,6 +81,7 @@ class PeakMemory:
         return 0
 
     def __enter__(self):
+        _release_freed_memory()  # else freed pages are reused unseen and the peak reads low
         Path("/proc/self/clear_refs").write_text("5")  # VmHWM := current RSS
         self.rss0 = self._status("VmRSS:")
         if self.device.type == "cuda":
@@ -221,7 +230,8 @@ def measure(name, size, device, core_is_new, sample_layers):
 
     latent = torch.randn(size["latent"], device=device)
     tokens = torch.randn(n_img, size["dim"], dtype=MODEL_DTYPE, device=device)
-    record = TrajectoryRecord(ShapeOnlyRun(size["latent"]), settings.snapshot_steps(STEPS))
+    record = TrajectoryRecord(ShapeOnlyRun(size["latent"]), settings.snapshot_steps(STEPS),
+                              *([settings.entry_dtype] if core_is_new else []))
     snapshot_steps = sorted(record.snapshot_steps)
     record.snapshot_steps = set()  # tiles only; the snapshots are timed on their own below
 
@@ -233,7 +243,7 @@ def measure(name, size, device, core_is_new, sample_layers):
     t_tokens, _ = timed(lambda: tiles_of_one_step(True), device, 1)
     ph.rows["signature_tiles"] = {"seconds": t_plain * (STEPS - probe_steps) + t_tokens * probe_steps,
                                   "where": "device" if core_is_new else "host"}
-    record.snapshot_steps = set(snapshot_steps)
+    record.snapshot_steps, record.run.tokens = set(snapshot_steps), None
     with PeakMemory(device) as m:
         ph.time("snapshots", "host", lambda: [record.on_step(s, latent, latent) for s in snapshot_steps])
         tensors = ph.time("packing", "host", lambda: {**record.tensors(latent), **conn.to_tensors()})
@@ -255,7 +265,17 @@ def measure(name, size, device, core_is_new, sample_layers):
         r["entry_bytes"] = cache.get(entry_id).row["bytes"]
         conn_keys = [key for key in tensors if key.startswith("connectivity")]
         r["connectivity_bytes"] = sum(tensors[key].numel() * tensors[key].element_size() for key in conn_keys)
-        r["snapshot_bytes"] = sum(x.numel() * x.element_size() for x in record.snapshots.values())
+        r["snapshot_bytes"] = sum(x.numel() * x.element_size() for key, x in tensors.items()
+                                  if key.startswith(("snapshot.", "final")))
+        if core_is_new:  # what the other formats would store (the file holds ~the tensor bytes)
+            from carnator_core.entry_precision import ENTRY_DTYPES
+            other = r["entry_bytes"] - r["snapshot_bytes"]
+            r["entry_bytes_by_format"] = {}
+            for fmt in ENTRY_DTYPES:
+                record.dtype = fmt
+                latents = {k: x for k, x in record.tensors(latent).items() if k.startswith(("snapshot.", "final"))}
+                r["entry_bytes_by_format"][fmt] = other + sum(x.numel() * x.element_size() for x in latents.values())
+            record.dtype = settings.entry_dtype
         ph.time("lookup", "host", lambda: cache.lookup("bench", sig, 3), repeats=3)
         snap = f"snapshot.{snapshot_steps[-1]}"
 

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from .cache import CacheError, LookupResult, StoredEntry, TrajectoryCache
-from .entry_precision import from_entry, to_entry
+from .entry_precision import from_entry, latent_keys, loaded_latent, stored_latent, to_entry
 from .gate import GateSettings, Plan, RiskModel, decide, risk_model_for
 from .keys import CompatibilityClass, shape_str
 from .sparse_reuse import CONNECTIVITY_KEYS, Connectivity, SparseSettings
@@ -36,7 +36,7 @@ class ReuseSettings:
     gate: GateSettings = field(default_factory=GateSettings)
     sparse: SparseSettings = field(default_factory=SparseSettings)
     store: bool = True
-    entry_dtype: str = "float16"    # snapshots and final latent as stored (entry_precision.py)
+    entry_dtype: str = "int8"       # how snapshots and the final latent are stored (entry_precision.py)
 
     def probe_steps(self, steps: int) -> int:
         return max(1, min(steps - 1, math.ceil(self.probe_fraction * steps)))
@@ -51,7 +51,7 @@ class ReuseSettings:
 class TrajectoryRecord:
     """What a request computed: per-step tile maps, snapshots, the last x̂0."""
 
-    def __init__(self, run, snapshot_steps: list[int], dtype: str = "float16"):
+    def __init__(self, run, snapshot_steps: list[int], dtype: str = "float32"):
         self.run, self.dtype = run, dtype
         self.grid = tile_grid_for(run.latent_shape)
         self.thw = tuple(run.latent_shape[-3:])
@@ -91,7 +91,7 @@ class TrajectoryRecord:
             out["feature_steps"] = torch.tensor(fsteps, dtype=torch.int64)
             out["feature_tiles"] = torch.stack([self.features[s] for s in fsteps])
         for k, x in self.snapshots.items():
-            out[f"snapshot.{k}"] = x
+            out.update(stored_latent(f"snapshot.{k}", x, self.dtype))
         return out
 
 
@@ -280,14 +280,14 @@ def _start_from_candidate(pr: ProbeResult, plan: Plan) -> torch.Tensor | None:
     """Candidate's x_k outside M, the request's own re-noised x̂0 inside M."""
     k = plan.reuse_step
     tensors = guarded(pr.cache, "reading the snapshot", pr.cache.load_tensors, plan.entry_id,
-                      [f"snapshot.{k}"])
+                      latent_keys(f"snapshot.{k}"))
     if tensors is None or f"snapshot.{k}" not in tensors:
         return None
-    stored = tensors[f"snapshot.{k}"]
+    stored = loaded_latent(tensors, f"snapshot.{k}", pr.record.last_x0.device)
     if tuple(stored.shape) != tuple(pr.run.latent_shape):
         raise CacheError(f"cached snapshot {shape_str(stored.shape)} does not match latent "
                          f"{shape_str(pr.run.latent_shape)} — no reuse")
-    x_k = from_entry(stored, pr.record.last_x0.device)
+    x_k = stored
     if plan.region_tiles is not None and bool(plan.region_tiles.any()):
         mask = tiles_to_latent_mask(plan.region_tiles, pr.record.grid, pr.run.latent_shape)
         own = pr.run.renoise(pr.record.last_x0, k)

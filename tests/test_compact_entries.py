@@ -125,7 +125,8 @@ def test_reloaded_connectivity_drives_the_kernel_to_the_same_output():
 
 # ------------------------------------------------------------------ latents
 def test_entry_precision_round_trip_and_overflow_fallback():
-    from carnator_core.entry_precision import from_entry, to_entry
+    from carnator_core.entry_precision import (from_entry, latent_keys, loaded_latent,
+                                               stored_latent, to_entry)
     x = torch.randn(1, 16, 3, 8, 8)
     assert to_entry(x).dtype == torch.float16 and to_entry(x, "float32").dtype == torch.float32
     assert torch.equal(to_entry(x, "float32"), x) and to_entry(x, "float32") is not x
@@ -133,6 +134,13 @@ def test_entry_precision_round_trip_and_overflow_fallback():
     big = x * 1e5                                                # beyond float16's range
     assert to_entry(big).dtype == torch.float32
     assert from_entry(to_entry(x, "bfloat16")).dtype == torch.float32
+    int8 = stored_latent("snapshot.3", x, "int8")
+    assert set(int8) == set(latent_keys("snapshot.3")) and int8["snapshot.3"].dtype == torch.int8
+    assert int8["snapshot.3.scale"].shape == (1, 16, 3, 1, 1)   # per channel and frame
+    back = loaded_latent(int8, "snapshot.3")
+    assert back.dtype == torch.float32
+    assert ((back - x).abs() <= int8["snapshot.3.scale"] / 2 + 1e-7).all()  # half a step
+    assert torch.equal(loaded_latent({"snapshot.3": x}, "snapshot.3"), x)  # float32 entries
 
 
 def _hit(model, backbone, folder, entry_dtype, **sparse):
@@ -147,15 +155,17 @@ def _hit(model, backbone, folder, entry_dtype, **sparse):
 
 
 @pytest.mark.parametrize("backbone", BACKBONES)
-def test_hit_from_float16_entries_matches_the_float32_path(backbone, tiny_models, tmp_path):
+def test_hit_from_compact_entries_matches_the_float32_path(backbone, tiny_models, tmp_path):
     """Sparse attention engaged (kept mass 0.5, no density limit): the mask is the same for
-    both, so only the stored latents' precision differs."""
+    all, so only the stored latents' precision differs."""
     model = tiny_models[backbone]
     sparse = dict(keep_mass=0.5, max_density=1.0)
-    ref, s32 = _hit(model, backbone, tmp_path / "f32", "float32", **sparse)
-    out, s16 = _hit(model, backbone, tmp_path / "f16", "float16", **sparse)
-    assert s16.reuse_step == s32.reuse_step and s16.sparse_calls == s32.sparse_calls > 0
-    assert psnr(out, ref) >= 45, psnr(out, ref)
+    ref, s32 = _hit(model, backbone, tmp_path / "float32", "float32", **sparse)
+    for dtype in ("float16", "int8"):
+        out, s = _hit(model, backbone, tmp_path / dtype, dtype, **sparse)
+        assert s.reuse_step == s32.reuse_step and s.sparse_calls == s32.sparse_calls > 0
+        print(f"{backbone} {dtype}: {psnr(out, ref):.1f} dB")
+        assert psnr(out, ref) >= 45, (dtype, psnr(out, ref))
 
 
 def test_hit_from_float16_entries_on_the_tiny_world(tmp_path):
@@ -171,7 +181,7 @@ def test_hit_from_float16_entries_on_the_tiny_world(tmp_path):
     from carnator_core.pipeline import ReuseSettings
     world = tw.World(steps=20)
     videos = {}
-    for dtype in ("float32", "float16"):
+    for dtype in ("float32", "float16", "int8"):
         settings = ReuseSettings(gate=GateSettings(risk_budget=0.25), entry_dtype=dtype)
         for prompt in ("a green square in the top right moves down",
                        "a green block moves down in the top right"):
@@ -181,4 +191,6 @@ def test_hit_from_float16_entries_on_the_tiny_world(tmp_path):
                                      {"folder": str(tmp_path / dtype), "capacity_bytes": 1 << 30})
         assert s.outcome == "hit", s.text()
         videos[dtype] = world.video(samples)
-    assert tw.psnr(videos["float16"], videos["float32"]) >= 45
+    for dtype in ("float16", "int8"):
+        print(f"tiny world {dtype}: {tw.psnr(videos[dtype], videos['float32']):.1f} dB")
+        assert tw.psnr(videos[dtype], videos["float32"]) >= 45, dtype
