@@ -286,8 +286,10 @@ def measure(name, size, device, core_is_new, sample_layers):
         with PeakMemory(device) as m:
             c = ph.time("hit_load", "host", load)
             # what each sampling step then unpacks, layer by layer where it runs
-            ph.time("hit_unpack_per_step", "device", lambda: [
-                c.layer_mask(i, device) if core_is_new else c.mask[i].to(device) for i in range(layers)])
+            def unpack_each_layer():  # one at a time, as the sampler holds them
+                for i in range(layers):
+                    c.layer_mask(i, device) if core_is_new else c.mask[i].to(device)
+            ph.time("hit_unpack_per_step", "device", unpack_each_layer)
         mem["hit"] = (m.cpu_extra, m.device_extra)
     r["phases"] = ph.rows
     r["miss_host_s"], r["miss_device_s"] = ph.total(MISS, "host"), ph.total(MISS, "device")

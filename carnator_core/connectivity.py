@@ -141,9 +141,10 @@ def count_bits(packed: torch.Tensor) -> int:
     return int(sum(int(table[r.long()].sum()) for r in rows))
 
 
-def head_chunks(heads: int, n_query: int, n_key: int, budget: int = 1 << 22):
+def head_chunks(heads: int, n_query: int, n_key: int, budget: int = 1 << 21):
     """Head ranges whose (heads, nq, nk) score block stays under ``budget`` elements: the
-    selection's transient (sort values and indices) then stays ~100 MB whatever the model."""
+    selection's transients (scores per batch item, sort values and indices) then stay
+    ~60 MB whatever the model."""
     step = max(1, budget // max(1, n_query * n_key))
     return [(h, min(heads, h + step)) for h in range(0, heads, step)]
 

@@ -45,10 +45,11 @@ def stored_latent(name: str, x: torch.Tensor, dtype: str) -> dict[str, torch.Ten
     _check(dtype)
     if dtype != "int8" or x.dim() < 3:
         return {name: to_entry(x, dtype)}
-    x = x.float()
+    x = x.detach().to(torch.float32, copy=True)  # worked on in place below
     dims = tuple(range(3, x.dim()))  # one scale per (item, channel, frame)
-    scale = (x.abs().amax(dim=dims, keepdim=True) / 127).clamp_min(1e-12)
-    q = torch.round(x / scale).clamp_(-127, 127).to(torch.int8)
+    amax = torch.maximum(x.amax(dim=dims, keepdim=True), -x.amin(dim=dims, keepdim=True))
+    scale = amax.div_(127).clamp_min_(1e-12)
+    q = x.div_(scale).round_().clamp_(-127, 127).to(torch.int8)
     return {name: q.cpu(), name + SCALE_SUFFIX: scale.cpu()}
 
 

@@ -360,7 +360,8 @@ def _plan_attention(pr: ProbeResult, plan: Plan | None, own: Connectivity | None
         return
     if att.connectivity.density > sparse.max_density or att.connectivity.bits is None:
         att.skipped = (f"sparse attention skipped: stored connectivity is "
-                       f"{att.connectivity.density:.0%} dense (limit {sparse.max_density:.0%})")
+                       f"{att.connectivity.density:.0%} dense (limit {sparse.max_density:.0%})"
+                       + ("; only its density was stored" if att.connectivity.bits is None else ""))
         att.connectivity = None
         return
     steps = set(range(start, n))
