@@ -90,8 +90,10 @@ class Connectivity:
                "connectivity_block": torch.tensor([self.block_size], dtype=torch.int64),
                "connectivity_density": torch.tensor([self.density], dtype=torch.float64)}
         if with_mask and self.bits is not None:
-            unique, index = _distinct_rows(self.bits.reshape(-1, self.bits.shape[-1]).cpu())
-            blob = zlib.compress(unique.numpy().tobytes(), 1)
+            rows = self.bits.reshape(-1, self.bits.shape[-1]).cpu().numpy()
+            keep, index = _distinct_rows(rows)
+            deflate = zlib.compressobj(1)  # streamed row by row: no second copy of the mask
+            blob = b"".join([deflate.compress(rows[i]) for i in keep] + [deflate.flush()])
             out["connectivity_bits"] = torch.frombuffer(bytearray(blob), dtype=torch.uint8)
             out["connectivity_heads"] = index.reshape(self.shape[:2]).to(torch.int32)
         return out
@@ -114,19 +116,19 @@ class Connectivity:
         return cls(bits, shape, block, kept)
 
 
-def _distinct_rows(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(unique rows, index of each row into them), exact: rows are matched by a 128-bit hash
-    of their bytes (a collision is 2^-64-unlikely at any real number of heads)."""
+def _distinct_rows(rows) -> tuple[list[int], torch.Tensor]:
+    """(indices of the first of each distinct row, index of each row into those), exact: rows
+    are matched by a 128-bit hash of their bytes (a collision is 2^-64-unlikely)."""
     seen: dict[bytes, int] = {}
-    index = torch.empty(rows.shape[0], dtype=torch.int64)
-    keep = []
-    for i, row in enumerate(rows.numpy()):
+    index = torch.empty(len(rows), dtype=torch.int64)
+    keep: list[int] = []
+    for i, row in enumerate(rows):
         key = hashlib.blake2b(row.tobytes(), digest_size=16).digest()
         if key not in seen:
             seen[key] = len(keep)
             keep.append(i)
         index[i] = seen[key]
-    return rows[keep], index
+    return keep, index
 
 
 def region_query_blocks(region_tiles: torch.Tensor | None, tile_grid: tuple[int, int, int],
