@@ -179,7 +179,7 @@ class Phases:
         return sum(self.rows[n]["seconds"] for n in names if self.rows[n]["where"] == where)
 
 
-MISS = ["capture_pooling", "probe_selection", "measured", "signature_tiles", "snapshots",
+MISS = ["capture_pooling", "probe_scores", "probe_selection", "measured", "signature_tiles", "snapshots",
         "packing", "store", "lookup"]
 HIT = ["hit_load", "hit_unpack_per_step"]
 
@@ -215,16 +215,23 @@ def measure(name, size, device, core_is_new, sample_layers):
         plan.scores, plan.score_counts = {}, {}
 
     def select_every_layer():
+        scores_s = 0.0  # old code only: the scores themselves, computed on the device
         for layer, qpl, kpl in layer_variants(qp, kp, layers):
-            if core_is_new:  # the mask, on the device, right away
+            if core_is_new:  # scores, mask and packing, on the device, right away
                 plan.capture_pooled(layer, qpl, kpl, kcounts, last)
-            else:            # old capture: batch mean added to a CPU running total per call
-                s = pooled_scores(qpl, kpl, kcounts).mean(0)
-                for _ in range(calls):
-                    plan.scores[layer] = plan.scores.get(layer, 0) + s.cpu()
-                plan.score_counts[layer] = calls
+                continue
+            t0 = time.perf_counter()  # old capture: batch mean added to a CPU running total
+            s = pooled_scores(qpl, kpl, kcounts).mean(0)
+            sync(device)
+            scores_s += (time.perf_counter() - t0) * calls
+            for _ in range(calls):
+                plan.scores[layer] = plan.scores.get(layer, 0) + s.cpu()
+            plan.score_counts[layer] = calls
+        return scores_s
     with PeakMemory(device) as m:
-        ph.time("probe_selection", "device" if core_is_new else "host", select_every_layer)
+        scores_s = ph.time("probe_selection", "device" if core_is_new else "host", select_every_layer)
+        ph.rows["probe_selection"]["seconds"] -= scores_s
+        ph.rows["probe_scores"] = {"seconds": scores_s, "where": "device"}
         conn = ph.time("measured", "host", plan.measured)
     mem["probe"] = (m.cpu_extra, m.device_extra)
 
