@@ -109,11 +109,10 @@ def main() -> int:
     record = TrajectoryRecord(run, [k])
     run.sample(0, k + 1, None, record.on_step)
     start = run.boundary_from_sampler_space(record.snapshots[k], k)
-    from carnator_core.sparse_reuse import Connectivity
+    from carnator_core.sparse_reuse import CONNECTIVITY_KEYS, Connectivity
     from carnator_core.cache import TrajectoryCache
     cache = TrajectoryCache(requests.cache_folder)
-    conn = Connectivity.from_tensors(cache.load_tensors(summary.entry_id, [
-        "connectivity", "connectivity_shape", "connectivity_block"]))
+    conn = Connectivity.from_tensors(cache.load_tensors(summary.entry_id, CONNECTIVITY_KEYS))
     step_times = {"dense": [], "sparse": []}
     for _ in range(args.repeats):
         for mode in ("dense", "sparse"):

@@ -16,8 +16,9 @@ import numpy as np
 import torch
 
 __all__ = [
-    "num_blocks", "block_scores", "connectivity_mask", "pack_mask", "unpack_mask",
-    "mask_density", "expand_block_mask", "effective_block_mask",
+    "num_blocks", "block_pool", "pooled_scores", "block_scores", "connectivity_mask", "pack_mask", "unpack_mask",
+    "mask_density", "expand_block_mask", "effective_block_mask", "pack_rows", "unpack_rows",
+    "count_bits", "head_chunks",
 ]
 
 
@@ -25,17 +26,30 @@ def num_blocks(length: int, block_size: int) -> int:
     return (int(length) + block_size - 1) // block_size
 
 
-def _block_pool(x: torch.Tensor, block_size: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Mean over blocks of tokens along dim -2; returns (pooled (..., n, D), counts (n,))."""
-    length = x.shape[-2]
-    n = num_blocks(length, block_size)
-    pad = n * block_size - length
-    if pad:
-        x = torch.nn.functional.pad(x, (0, 0, 0, pad))
-    sums = x.reshape(*x.shape[:-2], n, block_size, x.shape[-1]).sum(-2)
+def block_pool(x: torch.Tensor, block_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Mean over blocks of tokens along dim -2; returns (pooled float32 (..., n, D), counts (n,)).
+
+    Sums one block at a time in float32 straight from ``x``'s own dtype and memory: at Wan 14B
+    720p a float32 (or padded) copy of q or k would be ~3 GB on the model's device, one block
+    is ~5 MB. The partial last block is summed as it is (no padding copy).
+    """
+    length, dim = x.shape[-2], x.shape[-1]
+    n, full = num_blocks(length, block_size), length // block_size
+    sums = torch.empty(*x.shape[:-2], n, dim, device=x.device, dtype=torch.float32)
+    for i in range(n):
+        sums[..., i, :] = x[..., i * block_size:min((i + 1) * block_size, length), :].sum(
+            -2, dtype=torch.float32)
     counts = torch.full((n,), float(block_size), device=x.device, dtype=torch.float32)
-    counts[-1] = block_size - pad
-    return sums / counts.to(sums.dtype)[:, None], counts
+    counts[-1] = length - full * block_size if full < n else block_size
+    return sums / counts[:, None], counts
+
+
+def pooled_scores(qp: torch.Tensor, kp: torch.Tensor, kcounts: torch.Tensor,
+                  scale: float | None = None) -> torch.Tensor:
+    """Block scores from already pooled q and k (see :func:`block_scores`)."""
+    scale = qp.shape[-1] ** -0.5 if scale is None else scale
+    logits = (qp @ kp.transpose(-1, -2)) * scale + torch.log(kcounts)
+    return torch.softmax(logits, dim=-1)
 
 
 @torch.no_grad()
@@ -49,11 +63,9 @@ def block_scores(q: torch.Tensor, k: torch.Tensor, block_size: int,
     """
     if q.shape[-1] != k.shape[-1]:
         raise ValueError(f"head_dim mismatch: {q.shape[-1]} vs {k.shape[-1]}")
-    scale = q.shape[-1] ** -0.5 if scale is None else scale
-    qp, _ = _block_pool(q.float(), block_size)
-    kp, kcounts = _block_pool(k.float(), block_size)
-    logits = (qp @ kp.transpose(-1, -2)) * scale + torch.log(kcounts)
-    return torch.softmax(logits, dim=-1)
+    qp, _ = block_pool(q, block_size)
+    kp, kcounts = block_pool(k, block_size)
+    return pooled_scores(qp, kp, kcounts, scale)
 
 
 @torch.no_grad()
@@ -100,6 +112,41 @@ def unpack_mask(packed: torch.Tensor, shape: Sequence[int]) -> torch.Tensor:
     n = int(np.prod(shape)) if len(shape) else 1
     bits = np.unpackbits(packed.detach().cpu().numpy().astype(np.uint8), count=n)
     return torch.from_numpy(bits.astype(bool)).reshape(tuple(shape))
+
+
+_BIT_WEIGHTS = (128, 64, 32, 16, 8, 4, 2, 1)  # numpy.packbits' order: first bit is the high one
+_POPCOUNT = torch.tensor([bin(i).count("1") for i in range(256)], dtype=torch.int32)
+
+
+def pack_rows(mask: torch.Tensor) -> torch.Tensor:
+    """Bit-pack the last dim of a bool mask, on the mask's own device: (..., m) -> (..., ceil(m/8))
+    uint8, each row starting on a byte (so identical rows pack to identical bytes)."""
+    pad = (-mask.shape[-1]) % 8
+    bits = torch.nn.functional.pad(mask.to(torch.uint8), (0, pad))
+    weights = torch.tensor(_BIT_WEIGHTS, dtype=torch.uint8, device=mask.device)
+    return (bits.view(*mask.shape[:-1], -1, 8) * weights).sum(-1, dtype=torch.uint8)
+
+
+def unpack_rows(packed: torch.Tensor, length: int) -> torch.Tensor:
+    """Inverse of :func:`pack_rows` (exact): (..., nbytes) uint8 -> (..., length) bool."""
+    shifts = torch.arange(7, -1, -1, dtype=torch.uint8, device=packed.device)
+    bits = (packed[..., None] >> shifts) & 1
+    return bits.reshape(*packed.shape[:-1], -1)[..., :length].bool()
+
+
+def count_bits(packed: torch.Tensor) -> int:
+    """Set bits of a packed mask (pad bits are zero), one row at a time to stay small."""
+    table = _POPCOUNT.to(packed.device)
+    rows = packed.reshape(-1, packed.shape[-1]) if packed.dim() else packed.reshape(1, 1)
+    return int(sum(int(table[r.long()].sum()) for r in rows))
+
+
+def head_chunks(heads: int, n_query: int, n_key: int, budget: int = 1 << 21):
+    """Head ranges whose (heads, nq, nk) score block stays under ``budget`` elements: the
+    selection's transients (scores per batch item, sort values and indices) then stay
+    ~60 MB whatever the model."""
+    step = max(1, budget // max(1, n_query * n_key))
+    return [(h, min(heads, h + step)) for h in range(0, heads, step)]
 
 
 def mask_density(mask: torch.Tensor) -> float:

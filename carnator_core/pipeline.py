@@ -18,9 +18,10 @@ from typing import Any
 import torch
 
 from .cache import CacheError, LookupResult, StoredEntry, TrajectoryCache
+from .entry_precision import from_entry, latent_keys, loaded_latent, stored_latent, to_entry
 from .gate import GateSettings, Plan, RiskModel, decide, risk_model_for
 from .keys import CompatibilityClass, shape_str
-from .sparse_reuse import Connectivity, SparseSettings
+from .sparse_reuse import CONNECTIVITY_KEYS, Connectivity, SparseSettings
 from .signature import (EarlySignature, pool_latent_tiles, pool_token_tiles, tile_grid_for,
                         tiles_to_latent_mask)
 
@@ -38,6 +39,7 @@ class ReuseSettings:
     gate: GateSettings = field(default_factory=GateSettings)
     sparse: SparseSettings = field(default_factory=SparseSettings)
     store: bool = True
+    entry_dtype: str = "int8"       # how snapshots and the final latent are stored (entry_precision.py)
 
     def probe_steps(self, steps: int) -> int:
         return max(1, min(steps - 1, math.ceil(self.probe_fraction * steps)))
@@ -52,8 +54,8 @@ class ReuseSettings:
 class TrajectoryRecord:
     """What a request computed: per-step tile maps, snapshots, the last x̂0."""
 
-    def __init__(self, run, snapshot_steps: list[int]):
-        self.run = run
+    def __init__(self, run, snapshot_steps: list[int], dtype: str = "float32"):
+        self.run, self.dtype = run, dtype
         self.grid = tile_grid_for(run.latent_shape)
         self.thw = tuple(run.latent_shape[-3:])
         self.snapshot_steps = set(snapshot_steps)
@@ -71,11 +73,11 @@ class TrajectoryRecord:
             if tiles is not None:
                 self.features[step] = tiles
         if step in self.snapshot_steps:
-            self.snapshots[step] = x.detach().float().cpu().clone()
+            self.snapshots[step] = to_entry(x, self.dtype)
 
     def fork(self) -> "TrajectoryRecord":
         """A copy to continue into, so a probe re-used by ComfyUI's node cache stays clean."""
-        other = TrajectoryRecord(self.run, sorted(self.snapshot_steps))
+        other = TrajectoryRecord(self.run, sorted(self.snapshot_steps), self.dtype)
         other.xhat, other.features = dict(self.xhat), dict(self.features)
         other.snapshots, other.last_x0 = dict(self.snapshots), self.last_x0
         return other
@@ -85,14 +87,14 @@ class TrajectoryRecord:
 
     def tensors(self, final: torch.Tensor) -> dict[str, torch.Tensor]:
         steps = sorted(self.xhat)
-        out = {"final": final.float().cpu(), "tile_steps": torch.tensor(steps, dtype=torch.int64),
+        out = {"final": to_entry(final, self.dtype), "tile_steps": torch.tensor(steps, dtype=torch.int64),
                "xhat_tiles": torch.stack([self.xhat[s] for s in steps])}
         fsteps = sorted(self.features)
         if fsteps:
             out["feature_steps"] = torch.tensor(fsteps, dtype=torch.int64)
             out["feature_tiles"] = torch.stack([self.features[s] for s in fsteps])
         for k, x in self.snapshots.items():
-            out[f"snapshot.{k}"] = x
+            out.update(stored_latent(f"snapshot.{k}", x, self.dtype))
         return out
 
 
@@ -210,7 +212,7 @@ def probe(run, cache: TrajectoryCache | None, settings: ReuseSettings,
     klass = run.compatibility_class()
     exact_key = run.exact_key(klass)
     p = settings.probe_steps(run.steps)
-    record = TrajectoryRecord(run, settings.snapshot_steps(run.steps))
+    record = TrajectoryRecord(run, settings.snapshot_steps(run.steps), settings.entry_dtype)
     result = ProbeResult(run, settings, klass, exact_key, cache, cache_message, p, record,
                          prompt=prompt)
     if cache is not None:
@@ -218,12 +220,13 @@ def probe(run, cache: TrajectoryCache | None, settings: ReuseSettings,
         if entry is not None:
             tensors = guarded(cache, "reading the stored result", cache.load_tensors, entry.id, ["final"])
             if tensors is not None:
-                result.exact_entry, result.exact_latent = entry, tensors["final"]
+                result.exact_entry, result.exact_latent = entry, from_entry(tensors["final"])
                 result.seconds = time.perf_counter() - t0
                 return result
     calls = run.model_calls
     run.attention.settings = settings.sparse
-    run.attention.capture_steps = set(range(p))  # connectivity is measured at the probe
+    # connectivity: measured at the probe's last step, and only when it will be used
+    run.attention.capture_steps = {p - 1} if settings.sparse.measuring else set()
     result.x_probe = run.sample(0, p, None, record.on_step, capture_steps=set(range(p)))
     result.probe_calls = run.model_calls - calls
     result.seconds = time.perf_counter() - t0
@@ -292,14 +295,14 @@ def _start_from_candidate(pr: ProbeResult, plan: Plan) -> tuple[torch.Tensor | N
     outside M; inside M the request's own estimate of its x_k."""
     k = plan.reuse_step
     tensors = guarded(pr.cache, "reading the snapshot", pr.cache.load_tensors, plan.entry_id,
-                      [f"snapshot.{k}"])
+                      latent_keys(f"snapshot.{k}"))
     if tensors is None or f"snapshot.{k}" not in tensors:
         return None, 0
-    stored = tensors[f"snapshot.{k}"]
+    stored = loaded_latent(tensors, f"snapshot.{k}", pr.record.last_x0.device)
     if tuple(stored.shape) != tuple(pr.run.latent_shape):
         raise CacheError(f"cached snapshot {shape_str(stored.shape)} does not match latent "
                          f"{shape_str(pr.run.latent_shape)} — no reuse")
-    x_k = stored.to(pr.record.last_x0.device)
+    x_k = stored
     if plan.region_tiles is None or not bool(plan.region_tiles.any()):
         return pr.run.boundary_from_sampler_space(x_k, k), 0
     return fill_region(pr.run, x_k, plan.region_tiles, pr.record.grid, pr.record.last_x0,
@@ -374,22 +377,24 @@ def _plan_attention(pr: ProbeResult, plan: Plan | None, own: Connectivity | None
     request's own probe measurement on a miss, none when sparse attention is off."""
     att, sparse, n = pr.run.attention, pr.settings.sparse, pr.run.steps
     att.capture_steps, att.sparse_steps, att.connectivity = set(), set(), None
-    att.scores, att.score_counts, att.fresh, att.skipped = {}, {}, False, None
+    att.reset_measurement()
+    att.skipped = None
     att._dense_blocks = {}
     if not sparse.enabled:
         return
     if plan is not None:
         tensors = guarded(pr.cache, "reading the connectivity", pr.cache.load_tensors,
-                          plan.entry_id, ["connectivity", "connectivity_shape", "connectivity_block"])
+                          plan.entry_id, CONNECTIVITY_KEYS)
         att.connectivity = Connectivity.from_tensors(tensors or {})
         att.region_tiles, att.tile_grid = plan.region_tiles, pr.record.grid
     elif sparse.on_miss:
         att.connectivity = own
     if att.connectivity is None:
         return
-    if att.connectivity.density > sparse.max_density:
+    if att.connectivity.density > sparse.max_density or att.connectivity.bits is None:
         att.skipped = (f"sparse attention skipped: stored connectivity is "
-                       f"{att.connectivity.density:.0%} dense (limit {sparse.max_density:.0%})")
+                       f"{att.connectivity.density:.0%} dense (limit {sparse.max_density:.0%})"
+                       + ("; only its density was stored" if att.connectivity.bits is None else ""))
         att.connectivity = None
         return
     steps = set(range(start, n))
@@ -437,7 +442,8 @@ def _store(pr: ProbeResult, record: TrajectoryRecord, final: torch.Tensor,
     if plan is not None:  # a reuse is kept for exact repeats only (cache.lookup): no snapshots
         tensors = {k: v for k, v in tensors.items() if not k.startswith("snapshot.")}
         row["snapshot_steps"], connectivity = "[]", None
-    if connectivity is not None:
-        tensors.update(connectivity.to_tensors())
+    if connectivity is not None:  # a mask no hit would run sparse is not worth its bytes
+        tensors.update(connectivity.to_tensors(
+            with_mask=connectivity.density <= pr.settings.sparse.max_density))
     return guarded(pr.cache, "storing the trajectory", pr.cache.store, row, tensors,
                    pr.signature.global_vector())

@@ -61,13 +61,18 @@ def projection(width_in: int, width_out: int = FEATURE_WIDTH) -> torch.Tensor:
     return torch.randn(width_in, width_out, generator=g) / math.sqrt(width_out)
 
 
+_PROJECT_ROWS = 4096
+
+
 def pool_token_tiles(tokens: torch.Tensor, latent_thw: tuple[int, int, int],
                      grid: tuple[int, int, int]) -> torch.Tensor | None:
     """(L, D) block tokens → (FEATURE_WIDTH, tiles), or None if the layout is unknown."""
     tgrid = token_grid(tokens.shape[0], latent_thw)
     if tgrid is None:
         return None
-    feats = tokens.float() @ projection(tokens.shape[1]).to(tokens.device)
+    proj = projection(tokens.shape[1]).to(tokens.device)
+    # a few thousand tokens at a time: a float32 copy of a Wan-14B block's tokens is 1.5 GB
+    feats = torch.cat([part.float() @ proj for part in tokens.split(_PROJECT_ROWS)])
     vol = feats.T.reshape(1, FEATURE_WIDTH, *tgrid)
     return F.adaptive_avg_pool3d(vol, grid).reshape(FEATURE_WIDTH, -1).cpu()
 

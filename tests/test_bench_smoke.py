@@ -33,3 +33,15 @@ def test_wan_size_benchmark_script_runs_small_on_cpu(tmp_path):
     assert "one step" in printed and "whole miss" in printed
     assert result["sparse_calls_per_hit"] > 0          # the hit really ran block-sparse
     assert result["reuse_step"] > 0 and result["miss_seconds"] > 0
+
+
+def test_real_size_costs_benchmark_runs_small(tmp_path):
+    """The real-size cost benchmark at a tiny shape: every phase timed, bytes counted."""
+    target = tmp_path / "real_size_costs.json"
+    printed = run(["bench/real_size_costs.py", "--small", "--out", str(target)])
+    r = json.loads(target.read_text())["after"]["sizes"]["small"]
+    assert "miss host" in printed
+    assert {"capture_pooling", "probe_selection", "packing", "store", "lookup", "hit_load",
+            "hit_unpack_per_step"} <= set(r["phases"])
+    assert r["entry_bytes"] > 0 and r["connectivity_bytes"] > 0
+    assert r["entry_bytes_by_format"]["int8"] < r["entry_bytes_by_format"]["float32"]
