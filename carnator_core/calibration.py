@@ -123,7 +123,7 @@ def certify_model(model: RiskModel, instances: list[dict], delta: float = 0.1,
     for inst in instances:
         if inst.get("kind") == "identical" or inst["features"]["region_fraction"] > max_region_fraction:
             continue
-        scored = [(model.logit({**inst["features"], "depth_fraction": d["depth_fraction"]}), int(d["label"]))
+        scored = [(model.score({**inst["features"], "depth_fraction": d["depth_fraction"]}), int(d["label"]))
                   for d in sorted(_depths(inst, min_k, max_k), key=lambda d: -d["k"])]
         if scored:  # deepest depth first
             per_class[evidence_class(inst["features"])].append(scored)

@@ -64,7 +64,7 @@ class RiskModel:
     source: str = "default prior (uncalibrated)"
     depth_weights: dict[str, float] = field(default_factory=dict)  # missing = 0 (older files)
     evidence_scale: float | None = None
-    # Certified acceptance thresholds on the logit per evidence class and risk budget α
+    # Certified acceptance thresholds on ``score`` per evidence class and risk budget α
     # ({"same_scene": {"0.05": λ}, "other": {…}}), chosen by calibration.certify_model
     # (Learn-then-Test) with confidence ``confidence`` for each class. Empty: the gate compares
     # the predicted risk with α directly (the prior, older files).
@@ -96,12 +96,21 @@ class RiskModel:
                 if float(a) <= alpha + 1e-12]
         return max(fits) if fits else None
 
+    def score(self, features: dict[str, float]) -> float:
+        """What the certified thresholds compare, per evidence class: within same-scene
+        evidence the depth alone (measured: how closely two paraphrases' probes agree does
+        not predict which reuses fail, so ranking them by it certified nothing deep), else
+        the logit."""
+        if evidence_class(features) == "same_scene":
+            return features["depth_fraction"]
+        return self.logit(features)
+
     def accepts(self, features: dict[str, float], alpha: float) -> bool:
         """The gate's test for one candidate at one depth under budget α."""
         if not self.thresholds:
             return self.risk(features) <= alpha
         certified = self.threshold_for(alpha, evidence_class(features))
-        return certified is not None and self.logit(features) <= certified[1]
+        return certified is not None and self.score(features) <= certified[1] + 1e-9
 
     def save(self, path: str | Path) -> None:
         Path(path).write_text(json.dumps(asdict(self), indent=2))
