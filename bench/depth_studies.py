@@ -47,7 +47,8 @@ def gate_rows(instances: list[dict], steps: int, probe: int, delta: float, form:
     model = CAL.fit(fit_part, RiskModel().region_threshold, form=form)
     CAL.certify_model(model, cert_part, delta=delta)
     cert = [i for i in cert_part if i.get("kind") != "identical"]
-    out = {"certified_budgets": sorted(float(a) for a in model.thresholds), "pairs": len(cert)}
+    out = {"certified_budgets": {c: sorted(float(a) for a in t) for c, t in model.thresholds.items()},
+           "pairs": len(cert)}
     for a in BUDGETS:
         picks = [(i, CAL.gate_decision(model, i, a)) for i in cert]
         acc = [(i, d) for i, d in picks if d is not None]
