@@ -91,9 +91,11 @@ def measure_pairs(world, lines: list[dict], settings, psnr_bound: float, region_
             if feats["region_fraction"] <= settings.gate.max_region_fraction:
                 for k in depths:
                     run = world.new_run(la["prompt"], int(la["seed"]), a["policy"])
-                    start, fill = fill_region(run, b["record"].snapshots[k].float(), region,
-                                              a["record"].grid, a["x0_probe"], a["x_probe"], p, k,
-                                              settings.region_fill_calls)
+                    x_k = b["record"].snapshots[k].float()
+                    start, fill = (fill_region(run, x_k, region, a["record"].grid, a["x0_probe"],
+                                               a["x_probe"], p, k, settings.region_fill_calls)
+                                   if bool(region.any()) else
+                                   (run.boundary_from_sampler_space(x_k, k), 0))  # as the pipeline
                     v = world.video(run.sample(k, steps, start))
                     q = psnr(v, a["video"])
                     ok = check_ok(v, la["prompt"])

@@ -39,7 +39,8 @@ def cost(inst: dict, k: int | None, steps: int, probe: int) -> int:
     if k is None:
         return steps
     d = next(d for d in inst["depths"] if d["k"] == k)
-    return probe + d.get("fill_steps", 0) + steps - k
+    fill = d.get("fill_steps", 0) if inst["features"]["region_fraction"] > 0 else 0  # M empty: no fill
+    return probe + fill + steps - k
 
 
 def gate_rows(instances: list[dict], steps: int, probe: int, delta: float, form: str) -> dict:
