@@ -20,6 +20,6 @@ workflows:
 tiny-models: setup
 	$(PY) scripts/make_tiny_models.py
 
-# The tiny-world results of the README (calibration, benchmark, localization; ~40 min, not CI).
+# The tiny-world results of the README (calibration, benchmarks, localization, depth studies; ~75 min, not CI).
 tinyworld-results: setup
 	bash scripts/tinyworld_results.sh

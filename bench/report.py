@@ -113,7 +113,7 @@ def certification_table(rep: dict) -> str:
     rows = [[klass.replace("_", "-"), f"{c['instances']}", a, num(r["threshold"]), r["accepted"],
              r["failures"], num(r["p_value"]), pct(r["upper_bound"])]
             for klass, c in cert["classes"].items() for a, r in c["budgets"].items()]
-    return markdown(["evidence class", "pairs", "α", "certified logit threshold λ", "accepted",
+    return markdown(["evidence class", "pairs", "α", "certified threshold (same-scene: depth share; other: logit)", "accepted",
                      "beyond tolerance", "p-value", f"upper {1 - cert['delta']:.0%} bound"], rows)
 
 

@@ -2,7 +2,7 @@
 # Every tiny-world number in the README, measured on the committed model (not part of CI).
 # Two processes at a time (one per core): calibration in two shards, then the workloads,
 # then the localization check and the depth studies; bench/report.py prints the README tables.
-#   bash scripts/tinyworld_results.sh          # about 75 minutes on 2 cores
+#   bash scripts/tinyworld_results.sh          # about 75 minutes on 2 cores (calibration ~35)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=.venv/bin/python
@@ -16,13 +16,15 @@ both "$PY bench/calibrate.py --shard 0/2 --cache out/tinyworld_cache" \
      "$PY bench/calibrate.py --shard 1/2 --cache out/tinyworld_cache"
 $PY bench/calibrate.py --cache out/tinyworld_cache \
     --instances $R/calibration_measurements.0-of-2.jsonl $R/calibration_measurements.1-of-2.jsonl
-COMMON="--records --no-plots --budgets 0.01 0.02 0.05 0.1 0.2"
+COMMON="--records --no-plots --budgets 0.02 0.05 0.1"
 both "$PY bench/tinyworld.py iterate $COMMON --out out/tinyworld_iterate.json && \
       $PY bench/tinyworld.py novel $COMMON --no-sparse-system --out out/tinyworld_novel.json" \
-     "$PY bench/tinyworld.py serve $COMMON --easycache 0.02 0.05 0.1 0.2 --easycache-carnator 0.02 0.05 0.1 \
+     "$PY bench/tinyworld.py serve $COMMON --easycache 0.02 0.05 0.2 --easycache-carnator 0.05 \
       --out out/tinyworld_serve.json"
 $PY bench/tinyworld.py --merge out/tinyworld_iterate.json out/tinyworld_serve.json out/tinyworld_novel.json \
     --out $R/tinyworld.json
 $PY bench/localization.py
-$PY bench/depth_studies.py
+# the re-noised fill of M (bench/results/studies, measured with --fill-calls 0) against today's
+$PY bench/depth_studies.py --instances $R/studies/renoise_fill.*-of-6.jsonl \
+    --fill $R/calibration_measurements.0-of-2.jsonl $R/calibration_measurements.1-of-2.jsonl
 $PY bench/report.py
