@@ -226,42 +226,35 @@ def edit_chains(n_pairs=120, seed=3030, first_group=0, exclude=()):
     return lines
 
 
-def paraphrase_pairs(n_pairs=120, seed=3060, first_group=0, exclude=()):
-    """More same-scene pairs: the same-scene evidence class is certified on its own, and a
-    failure rate of a few percent needs a few hundred pairs to be certified at all."""
+def _pairs(kinds, n_pairs, seed, pair_seeds, request_seeds, first_group=0, exclude=()):
+    """Pairs (anchor, variant) of tinyworld.world.make_pair, cycling through ``kinds``, one
+    seed per pair, prompts outside ``exclude``."""
+    exclude = set(exclude)
     rng = random.Random(seed)
     lines, group, tries = [], first_group, 0
     while group < first_group + n_pairs:
         tries += 1
-        pair = WD.make_pair("compatible_far", 950_000 + tries)
+        kind = kinds[(group - first_group) % len(kinds)]
+        pair = WD.make_pair(kind, pair_seeds + tries)
         pa, pb = pair["a"][1], pair["b"][1]
         if pa in exclude or pb in exclude:
             continue
-        req_seed = 700_000 + rng.randrange(100_000)
-        for role, p in (("anchor", pa), ("variant", pb)):
-            lines.append({"prompt": p, "seed": req_seed, "seed_policy": "same_seed",
-                          "group": group, "kind": "compatible_far", "role": role})
-        group += 1
-    return lines
-
-
-def calibration(n_pairs=240, seed=3003, exclude=()):
-    exclude = set(exclude)
-    rng = random.Random(seed)
-    lines, group, tries = [], 0, 0
-    while group < n_pairs:
-        tries += 1
-        kind = CALIBRATION_KINDS[group % len(CALIBRATION_KINDS)]
-        pair = WD.make_pair(kind, 900_000 + tries)
-        pa, pb = pair["a"][1], pair["b"][1]
-        if pa in exclude or pb in exclude:
-            continue
-        req_seed = 500_000 + rng.randrange(100_000)
+        req_seed = request_seeds + rng.randrange(100_000)
         for role, p in (("anchor", pa), ("variant", pb)):
             lines.append({"prompt": p, "seed": req_seed, "seed_policy": "same_seed",
                           "group": group, "kind": kind, "role": role})
         group += 1
     return lines
+
+
+def paraphrase_pairs(n_pairs=120, first_group=0, exclude=()):
+    """More same-scene pairs: the same-scene evidence class is certified on its own, and a
+    failure rate of a few percent needs a few hundred pairs to be certified at all."""
+    return _pairs(("compatible_far",), n_pairs, 3060, 950_000, 700_000, first_group, exclude)
+
+
+def calibration(n_pairs=240, exclude=()):
+    return _pairs(CALIBRATION_KINDS, n_pairs, 3003, 900_000, 500_000, 0, exclude)
 
 
 def write(name, lines, out):
