@@ -38,6 +38,8 @@ def evidence_class(features: dict[str, float]) -> str:
     same = (features["region_fraction"] <= SAME_SCENE_REGION
             and features["similarity_gap"] <= SAME_SCENE_GAP)
     return "same_scene" if same else "other"
+
+
 INTERACTION_EVIDENCE_SCALE = 0.01  # s(e) = log(1 + e/0.01): 0.4% of tiles and 15% far apart
 
 
@@ -219,9 +221,9 @@ def risk_model_for(cache_folder: str | Path, model_fingerprint: str) -> RiskMode
 
 @dataclass
 class GateSettings:
-    risk_budget: float = 0.05      # α: the largest acceptable predicted risk
+    risk_budget: float = 0.05      # α: the accepted share of reuses beyond tolerance
     min_depth: float = 0.2         # k* bounds as fractions of the step count
-    max_depth: float = 0.8         # 0.8·N measured safe for same-scene evidence, 0.9·N not
+    max_depth: float = 0.8         # deepest snapshot; how deep each evidence class may go is certified
     max_region_fraction: float = 0.5  # beyond this the request is mostly new: reject
 
 
