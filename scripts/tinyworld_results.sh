@@ -23,6 +23,9 @@ both "$PY bench/tinyworld.py iterate $COMMON --out out/tinyworld_iterate.json &&
       --out out/tinyworld_serve.json"
 $PY bench/tinyworld.py --merge out/tinyworld_iterate.json out/tinyworld_serve.json out/tinyworld_novel.json \
     --out $R/tinyworld.json
+both "$PY bench/tinyworld.py iterate --steps 30 --budgets 0.05 --no-sparse-system --records --no-plots --out out/tw30_iterate.json" \
+     "$PY bench/tinyworld.py serve --steps 30 --budgets 0.05 --no-sparse-system --records --no-plots --out out/tw30_serve.json"
+$PY bench/tinyworld.py --merge out/tw30_iterate.json out/tw30_serve.json --out $R/tinyworld_n30.json --no-plots
 $PY bench/localization.py
 # the re-noised fill of M (bench/results/studies, measured with --fill-calls 0) against today's
 $PY bench/depth_studies.py --instances $R/studies/renoise_fill.*-of-6.jsonl \
