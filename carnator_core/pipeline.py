@@ -76,11 +76,13 @@ class TrajectoryRecord:
         if step in self.snapshot_steps:
             self.snapshots[step] = to_entry(x, self.dtype)
 
-    def fork(self) -> "TrajectoryRecord":
-        """A copy to continue into, so a probe re-used by ComfyUI's node cache stays clean."""
-        other = TrajectoryRecord(self.run, sorted(self.snapshot_steps), self.dtype)
+    def fork(self, snapshots: bool = True) -> "TrajectoryRecord":
+        """A copy to continue into, so a probe re-used by ComfyUI's node cache stays clean.
+        ``snapshots`` False: it records none (a reuse is never a reuse source)."""
+        other = TrajectoryRecord(self.run, sorted(self.snapshot_steps) if snapshots else [], self.dtype)
         other.xhat, other.features = dict(self.xhat), dict(self.features)
-        other.snapshots, other.last_x0 = dict(self.snapshots), self.last_x0
+        other.snapshots = dict(self.snapshots) if snapshots else {}
+        other.last_x0 = self.last_x0
         return other
 
     def signature(self, step: int) -> EarlySignature:
@@ -299,11 +301,10 @@ def _start_from_candidate(pr: ProbeResult, plan: Plan) -> tuple[torch.Tensor | N
                       latent_keys(f"snapshot.{k}"))
     if tensors is None or f"snapshot.{k}" not in tensors:
         return None, 0
-    stored = loaded_latent(tensors, f"snapshot.{k}", pr.record.last_x0.device)
-    if tuple(stored.shape) != tuple(pr.run.latent_shape):
-        raise CacheError(f"cached snapshot {shape_str(stored.shape)} does not match latent "
+    x_k = loaded_latent(tensors, f"snapshot.{k}", pr.record.last_x0.device)
+    if tuple(x_k.shape) != tuple(pr.run.latent_shape):
+        raise CacheError(f"cached snapshot {shape_str(x_k.shape)} does not match latent "
                          f"{shape_str(pr.run.latent_shape)} — no reuse")
-    x_k = stored
     if plan.region_tiles is None or not bool(plan.region_tiles.any()):
         return pr.run.boundary_from_sampler_space(x_k, k), 0
     return fill_region(pr.run, x_k, plan.region_tiles, pr.record.grid, pr.record.last_x0,
@@ -348,7 +349,7 @@ def reuse(pr: ProbeResult, plan: Plan) -> tuple[torch.Tensor, Summary]:
                 notes.append(f"entry {plan.entry_id[:8]} lost its snapshot; ran as a miss")
         except CacheError as e:
             notes.append(str(e))
-    record = pr.record.fork()
+    record = pr.record.fork(snapshots=start is None)  # a reuse is kept for exact repeats only
     own_connectivity = run.attention.measured()
     resume_at = plan.reuse_step if start is not None else pr.probe_steps
     _plan_attention(pr, plan if start is not None else None, own_connectivity, resume_at)
@@ -440,9 +441,8 @@ def _store(pr: ProbeResult, record: TrajectoryRecord, final: torch.Tensor,
            "source_entry": plan.entry_id if plan else None,
            "class_json": str(pr.klass), "latent_format": run.latent_format}
     tensors = record.tensors(final)
-    if plan is not None:  # a reuse is kept for exact repeats only (cache.lookup): no snapshots
-        tensors = {k: v for k, v in tensors.items() if not k.startswith("snapshot.")}
-        row["snapshot_steps"], connectivity = "[]", None
+    if plan is not None:  # a reuse is no reuse source (cache.lookup): nor its connectivity
+        connectivity = None
     if connectivity is not None:  # a mask no hit would run sparse is not worth its bytes
         tensors.update(connectivity.to_tensors(
             with_mask=connectivity.density <= pr.settings.sparse.max_density))
