@@ -112,9 +112,11 @@ class Worker:
                     self.note("WRONG", cand.entry.id)
 
     def run(self) -> None:
-        n = 0
+        parent, n = os.getppid(), 0
         while True:
             if n % 20 == 0:
+                if os.getppid() != parent:  # the test run that started us is gone: stop
+                    return
                 self.refresh()
             self.step()
             n += 1
