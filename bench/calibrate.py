@@ -35,8 +35,6 @@ for p in (os.path.join(REPO, "tests"), REPO):
     if p not in sys.path:
         sys.path.insert(0, p)
 
-import torch  # noqa: E402
-
 from carnator_core import calibration as CAL  # noqa: E402
 
 RESULTS = os.path.join(REPO, "bench", "results")
@@ -80,14 +78,13 @@ def measure_pairs(world, lines: list[dict], settings, psnr_bound: float, region_
             # request a (prompt la) reuses candidate b
             new_sig = a["record"].signature(p - 1)
             old_sig = b["record"].signature(p - 1)
-            sim = float(torch.dot(new_sig.global_vector(), old_sig.global_vector()))
+            sim = new_sig.similarity(old_sig)
             feats, region = evidence(new_sig, old_sig, sim, region_threshold)
             inst = {"group": g, "kind": la.get("kind"), "prompt": la["prompt"],
                     "candidate_prompt": lb["prompt"], "features": feats, "depths": []}
             if p > 1:  # what a one-step probe would have seen (issue 10: probe cost)
-                s0 = (a["record"].signature(0), b["record"].signature(0))
-                inst["features_step0"] = evidence(*s0, float(torch.dot(s0[0].global_vector(), s0[1].global_vector())),
-                                                  region_threshold)[0]
+                new0, old0 = a["record"].signature(0), b["record"].signature(0)
+                inst["features_step0"] = evidence(new0, old0, new0.similarity(old0), region_threshold)[0]
             if feats["region_fraction"] <= settings.gate.max_region_fraction:
                 for k in depths:
                     run = world.new_run(la["prompt"], int(la["seed"]), a["policy"])

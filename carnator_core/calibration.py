@@ -14,7 +14,6 @@ An *instance* is one (request, candidate) pair:
 from __future__ import annotations
 
 import json
-import math
 import random
 from pathlib import Path
 
@@ -110,7 +109,7 @@ CERTIFIED_BUDGETS = (0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5)  # each certified on 
 def certify_model(model: RiskModel, instances: list[dict], delta: float = 0.1,
                   budgets=CERTIFIED_BUDGETS, max_region_fraction: float = 0.5,
                   min_k: int | None = None, max_k: int | None = None) -> dict:
-    """Choose the gate's logit threshold for each evidence class and budget by
+    """Choose the gate's threshold on ``RiskModel.score`` for each evidence class and budget by
     Learn-then-Test (``risk_control.certify``) on measured reuses the model was *not* fitted
     on, store them in ``model.thresholds`` with confidence 1−δ (per class), and return the
     evidence. Certifying each class apart (the classes are read from the evidence, never

@@ -266,7 +266,7 @@ def gate(pr: ProbeResult, found: LookupResult, risk_model: RiskModel,
         old_sig = stored_signature(tensors, new_sig.step, new_sig.grid)
         if old_sig is None:
             continue
-        sim = float(torch.dot(new_sig.global_vector(), old_sig.global_vector()))
+        sim = new_sig.similarity(old_sig)
         comparable.append((cand.entry.id, old_sig, sim, cand.entry.snapshot_steps))
     if not comparable:
         return Plan(False, reason="no candidate has evidence at this probe step"), []

@@ -1,7 +1,8 @@
 """Risk control with a stated guarantee (DESIGN.md §5): Learn-then-Test for the gate.
 
-The gate accepts a candidate at the deepest stored depth k whose risk-model logit is ≤ λ.
-The risk model only has to *rank* reuses well; this module chooses λ for each risk budget α
+The gate accepts a candidate at the deepest stored depth k whose score (``RiskModel.score``:
+the depth share for same-scene evidence, the risk-model logit otherwise) is ≤ λ. The score
+only has to *rank* reuses well; this module chooses λ for each risk budget α
 from measured reuses so that, with probability ≥ 1−δ over the calibration draw,
 
     P(reuse misses tolerance | the gate accepted it) ≤ α
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import math
 from typing import Callable
+
 
 def binomial_cdf(k: int, n: int, p: float) -> float:
     """P(X ≤ k) for X ~ Binomial(n, p), summed in log space (n up to many thousands)."""
@@ -46,7 +48,6 @@ def clopper_pearson_upper(k: int, n: int, delta: float) -> float:
 def clopper_pearson_lower(k: int, n: int, delta: float) -> float:
     """One-sided exact lower confidence bound (level 1−δ)."""
     return 0.0 if k == 0 else 1.0 - clopper_pearson_upper(n - k, n, delta)
-
 
 
 def min_accepted(alpha: float, delta: float) -> int:

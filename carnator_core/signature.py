@@ -102,6 +102,10 @@ class EarlySignature:
             parts.append(_unit(self.feature_tiles))
         return _unit(torch.cat(parts))
 
+    def similarity(self, other: "EarlySignature") -> float:
+        """Cosine of the two global descriptors (what the gate's similarity gap reads)."""
+        return float(torch.dot(self.global_vector(), other.global_vector()))
+
 
 def tile_deviation(new: EarlySignature, old: EarlySignature) -> torch.Tensor:
     """Per-tile disagreement between two signatures at the same step, shape (tiles,).
