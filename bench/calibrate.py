@@ -48,16 +48,13 @@ def group_of(line: dict):
 
 def measure_pairs(world, lines: list[dict], settings, psnr_bound: float, region_threshold: float,
                   log=print) -> list[dict]:
-    """Instances (see carnator_core.calibration) for every pair, both directions."""
-    from bench_tw import World, check_ok, psnr  # noqa: F401  (module alias set in main)
-    from carnator_core.gate import evidence
-    from carnator_core.pipeline import fill_region
+    """Instances (see carnator_core.calibration) for every pair, both directions: the
+    generic measurement (carnator_core.self_calibration) labelled with the checker too."""
+    from bench_tw import check_ok, psnr
+    from carnator_core.self_calibration import measure_direction
     steps = world.steps
     p = settings.probe_steps(steps)
     snaps = settings.snapshot_steps(steps)
-    lo = max(p, math.ceil(settings.gate.min_depth * steps))
-    hi = math.floor(settings.gate.max_depth * steps)
-    depths = [k for k in snaps if lo <= k <= hi]
     groups: dict = {}
     for ln in lines:
         groups.setdefault(group_of(ln), []).append(ln)
@@ -75,31 +72,15 @@ def measure_pairs(world, lines: list[dict], settings, psnr_bound: float, region_
             full.append(r)
         for (a, la), (b, lb) in (((full[1], members[1]), (full[0], members[0])),
                                  ((full[0], members[0]), (full[1], members[1]))):
-            # request a (prompt la) reuses candidate b
-            new_sig = a["record"].signature(p - 1)
-            old_sig = b["record"].signature(p - 1)
-            sim = new_sig.similarity(old_sig)
-            feats, region = evidence(new_sig, old_sig, sim, region_threshold)
-            inst = {"group": g, "kind": la.get("kind"), "prompt": la["prompt"],
-                    "candidate_prompt": lb["prompt"], "features": feats, "depths": []}
-            if p > 1:  # what a one-step probe would have seen (issue 10: probe cost)
-                new0, old0 = a["record"].signature(0), b["record"].signature(0)
-                inst["features_step0"] = evidence(new0, old0, new0.similarity(old0), region_threshold)[0]
-            if feats["region_fraction"] <= settings.gate.max_region_fraction:
-                for k in depths:
-                    run = world.new_run(la["prompt"], int(la["seed"]), a["policy"])
-                    x_k = b["record"].snapshots[k].float()
-                    start, fill = (fill_region(run, x_k, region, a["record"].grid, a["x0_probe"],
-                                               a["x_probe"], p, k, settings.region_fill_calls)
-                                   if bool(region.any()) else
-                                   (run.boundary_from_sampler_space(x_k, k), 0))  # as the pipeline
-                    v = world.video(run.sample(k, steps, start))
-                    q = psnr(v, a["video"])
-                    ok = check_ok(v, la["prompt"])
-                    inst["depths"].append({"k": k, "depth_fraction": k / steps, "psnr": q,
-                                           "ok": ok, "ok_reference": a["ok"], "fill_steps": fill,
-                                           "label": CAL.exceeds_tolerance(q, a["ok"], ok, psnr_bound)})
-            instances.append(inst)
+            def outcome(final, a=a, la=la) -> dict:  # request a (prompt la) reuses candidate b
+                v = world.video(final)
+                q, ok = psnr(v, a["video"]), check_ok(v, la["prompt"])
+                return {"psnr": q, "ok": ok, "ok_reference": a["ok"],
+                        "label": CAL.exceeds_tolerance(q, a["ok"], ok, psnr_bound)}
+            inst = measure_direction(a["full"], b["full"], lambda a=a, la=la: world.new_run(
+                la["prompt"], int(la["seed"]), a["policy"]), settings, region_threshold, outcome)
+            instances.append({"group": g, "kind": la.get("kind"), "prompt": la["prompt"],
+                              "candidate_prompt": lb["prompt"], **inst})
         if (gi + 1) % 10 == 0:
             log(f"  {gi + 1}/{len(groups)} pairs, {time.time() - t0:.0f} s", flush=True)
     return instances
@@ -167,27 +148,20 @@ def main(argv=None) -> dict:
         print(f"measuring {len(lines)} requests …", flush=True)
         instances = measure_pairs(world, lines, settings, a.psnr_bound, region_threshold)
         CAL.save_instances(instances, meas_path)
-    train, held = CAL.split(instances, a.holdout)
-    model = CAL.fit(train, region_threshold, form=a.form)
     max_region = settings.gate.max_region_fraction
-    certification = CAL.certify_model(model, held, delta=a.delta, max_region_fraction=max_region)
-    model.source += (f"; thresholds certified by Learn-then-Test on {certification['instances']} "
-                     f"held-out pairs at {1 - a.delta:.0%} confidence")
+    model, fitted = CAL.fit_and_certify(instances, region_threshold, delta=a.delta, holdout=a.holdout,
+                                        form=a.form, max_region_fraction=max_region,
+                                        tolerance={"psnr_bound": a.psnr_bound, "space": "frames",
+                                                   "checker": True},
+                                        alphas=BUDGETS)
+    held = CAL.split(instances, a.holdout)[1]
     rows, labels = CAL.rows_of(instances)
     report = {
         "model_fingerprint": fp, "psnr_bound": a.psnr_bound, "steps": a.steps, "cfg": a.cfg,
-        "instances": len(instances), "measured_reuses": len(rows),
-        "exceeded_tolerance": sum(labels),
-        "train_instances": len(train), "heldout_instances": len(held),
+        **fitted,
         "risk_model": {"weights": model.weights, "depth_weights": model.depth_weights, "bias": model.bias,
                        "region_threshold": model.region_threshold, "thresholds": model.thresholds,
                        "confidence": model.confidence, "source": model.source},
-        "form": a.form, "certification": certification,
-        "heldout": CAL.evaluate(model, held, alphas=BUDGETS, max_region_fraction=max_region),
-        "train": CAL.evaluate(model, train, alphas=BUDGETS, max_region_fraction=max_region),
-        "heldout_by_kind": {k: CAL.evaluate(model, [i for i in held if i.get("kind") == k], alphas=BUDGETS,
-                                            max_region_fraction=max_region)
-                            for k in sorted({i.get("kind") for i in held})},
         "prior_heldout": CAL.evaluate(RiskModel(), held, max_region_fraction=max_region),
         "by_kind": {},
         "seconds": round(time.time() - t0, 1),

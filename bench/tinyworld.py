@@ -143,24 +143,14 @@ class World:
 
     def full(self, prompt: str, seed: int, policy: str, snapshot_steps=(), probe_steps: int = 2) -> dict:
         """The request computed in full, with its trajectory recorded (snapshots, tiles)."""
-        from carnator_core.pipeline import TrajectoryRecord
+        from carnator_core.self_calibration import compute_full
         t0 = time.perf_counter()
         run = self.new_run(prompt, seed, policy)
-        record = TrajectoryRecord(run, list(snapshot_steps))
-        stash = {}
-
-        def on_step(step, x, x0):
-            record.on_step(step, x, x0)
-            if step == probe_steps - 1:
-                stash["x0_probe"] = x0.detach().clone()
-            if step == probe_steps:  # what the probe hands on: the latent at step P
-                stash["x_probe"] = run.boundary_from_sampler_space(x.detach(), step)
-
-        final = run.sample(0, run.steps, None, on_step, capture_steps=set(range(probe_steps)))
+        got = compute_full(run, list(snapshot_steps), probe_steps)
         seconds = time.perf_counter() - t0
-        return {"run": run, "record": record, "final": final, "seconds": seconds,
-                "x0_probe": stash.get("x0_probe"), "x_probe": stash.get("x_probe"),
-                "video": self.video(final)}
+        return {"run": run, "record": got.record, "final": got.final, "seconds": seconds,
+                "x0_probe": got.x0_probe, "x_probe": got.x_probe, "full": got,
+                "video": self.video(got.final)}
 
     def resume(self, run, x_k_sampler_space: torch.Tensor, k: int) -> torch.Tensor:
         """Finish ``run`` from a sampler-space latent at step k (the reuse path)."""

@@ -141,6 +141,36 @@ def certify_model(model: RiskModel, instances: list[dict], delta: float = 0.1,
     return report
 
 
+def fit_and_certify(instances: list[dict], region_threshold: float, delta: float = 0.1,
+                    holdout: float = CERTIFY_SHARE, form: str = "interaction",
+                    max_region_fraction: float = 0.5, tolerance: dict | None = None,
+                    alphas=(0.02, 0.05, 0.1)) -> tuple[RiskModel, dict]:
+    """The whole procedure on measured instances: split by pair, fit the ranking on one
+    side, certify the thresholds on the other (Learn-then-Test, confidence 1−δ), and check
+    the gate's decisions on both. Returns the model (ready to save) and a report."""
+    train, held = split(instances, holdout)
+    if not train or not held:
+        raise ValueError(f"{len(instances)} measured pairs cannot be split into a fit and a "
+                         "certification part; measure more pairs")
+    model = fit(train, region_threshold, form=form)
+    certification = certify_model(model, held, delta=delta, max_region_fraction=max_region_fraction)
+    model.source += (f"; thresholds certified by Learn-then-Test on {certification['instances']} "
+                     f"held-out pairs at {1 - delta:.0%} confidence")
+    rows, labels = rows_of(instances)
+    model.tolerance, model.measured_reuses = tolerance, len(rows)
+    report = {
+        "instances": len(instances), "measured_reuses": len(rows), "exceeded_tolerance": sum(labels),
+        "train_instances": len(train), "heldout_instances": len(held), "form": form,
+        "tolerance": tolerance, "certification": certification,
+        "heldout": evaluate(model, held, alphas=alphas, max_region_fraction=max_region_fraction),
+        "train": evaluate(model, train, alphas=alphas, max_region_fraction=max_region_fraction),
+        "heldout_by_kind": {k: evaluate(model, [i for i in held if i.get("kind") == k], alphas=alphas,
+                                        max_region_fraction=max_region_fraction)
+                            for k in sorted({str(i.get("kind")) for i in held})},
+    }
+    return model, report
+
+
 def calibration_path(cache_folder: str | Path, model_fingerprint: str) -> Path:
     """Where ``gate.risk_model_for`` looks for this model's fitted risk model."""
     return Path(cache_folder) / "calibration" / f"{model_fingerprint}.json"
@@ -166,4 +196,4 @@ def load_instances(path: str | Path) -> list[dict]:
 
 
 __all__ = ["FEATURES", "exceeds_tolerance", "rows_of", "split", "fit", "gate_decision",
-           "evaluate", "certify_model", "CERTIFIED_BUDGETS", "calibration_path", "save", "save_instances", "load_instances"]
+           "evaluate", "certify_model", "fit_and_certify", "CERTIFIED_BUDGETS", "calibration_path", "save", "save_instances", "load_instances"]

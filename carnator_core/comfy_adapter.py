@@ -278,7 +278,7 @@ class ComfyRun:
 
     def __init__(self, model, positive, negative, latent: dict, seed: int, steps: int,
                  cfg: float, sampler_name: str, scheduler: str, seed_policy: str = "same_seed",
-                 noise_pool: int = 4):
+                 noise_pool: int = 4, progress: bool = True):
         if "samples" not in latent:
             raise ValueError("LATENT input has no 'samples' tensor")
         self.model = model
@@ -297,7 +297,8 @@ class ComfyRun:
         self.recorder = StepRecorder(self.sigmas)
         self.recorder.attention = AttentionPlan(SparseSettings(), tuple(self.latent_image.shape[-3:]))
         self.patched = patched_for_recording(model, self.recorder)
-        self.progress = comfy.utils.ProgressBar(self.steps)
+        # calibration runs hundreds of these under one node: it keeps its own bar
+        self.progress = comfy.utils.ProgressBar(self.steps) if progress else None
 
     # identity
     def compatibility_class(self) -> CompatibilityClass:
@@ -352,7 +353,8 @@ class ComfyRun:
             step = start + i
             if on_step is not None:
                 on_step(step, x.detach(), x0.detach())
-            self.progress.update_absolute(step + 1, self.steps)
+            if self.progress is not None:
+                self.progress.update_absolute(step + 1, self.steps)
 
         return self._sample_sigmas(self.sigmas[start:end + 1], latent, noise, callback)
 
@@ -393,7 +395,8 @@ class ComfyRun:
                                                     x0_hat.float(), max_denoise=False)
 
     def finish_progress(self) -> None:
-        self.progress.update_absolute(self.steps, self.steps)
+        if self.progress is not None:
+            self.progress.update_absolute(self.steps, self.steps)
 
 
 # ------------------------------------------------------------------ node-facing helpers
@@ -414,7 +417,8 @@ def notify(event: str, data: dict, node_id: str | None = None) -> None:
 
 def start_request(model, positive, negative, latent: dict, seed: int, steps: int, cfg: float,
                   sampler_name: str, scheduler: str, settings, cache_config: dict | None = None,
-                  seed_policy: str = "same_seed", label: str = "", node_id: str | None = None):
+                  seed_policy: str = "same_seed", label: str = "", node_id: str | None = None,
+                  vae=None):
     """Build the run, open the cache (or explain why not) and run the Early Probe."""
     from .pipeline import open_cache, probe  # local: pipeline imports nothing of ComfyUI
     cache_config = cache_config or {}
@@ -424,7 +428,65 @@ def start_request(model, positive, negative, latent: dict, seed: int, steps: int
                    seed_policy=seed_policy)
     cache, message = open_cache(folder, capacity)
     notify("phase", {"phase": "probe", "steps": run.steps}, node_id)
-    return probe(run, cache, settings, cache_message=message, prompt=label)
+    result = probe(run, cache, settings, cache_message=message, prompt=label)
+    result.decode = frames_decoder(vae)
+    return result
+
+
+def audit_rate_default() -> float:
+    """The audit rate a farm operator sets once for every worker (CARNATOR_AUDIT_RATE, a
+    share 0..1); 0 (off) for a single user."""
+    try:
+        return min(1.0, max(0.0, float(os.environ.get("CARNATOR_AUDIT_RATE", "0") or 0)))
+    except ValueError:
+        log.warning("Carnator: CARNATOR_AUDIT_RATE=%r is not a number; audits off",
+                    os.environ.get("CARNATOR_AUDIT_RATE"))
+        return 0.0
+
+
+def frames_decoder(vae):
+    """A VAE as ``latent → frames in 0..1`` (what a tolerance on frames compares), or None."""
+    if vae is None:
+        return None
+    return lambda latent: vae.decode(latent).float().clamp(0, 1)
+
+
+def encode_text(clip, text: str, model=None):
+    """CONDITIONING for ``text``: the CLIP's encoder as CLIPTextEncode does it; without a
+    CLIP, the pack's demo text encoder shaped for the model's backbone (bundled demo models
+    only: real models need their own text encoder)."""
+    if clip is not None:
+        return clip.encode_from_tokens_scheduled(clip.tokenize(text))
+    from .demo_text import conditioning_for
+    return conditioning_for(text, backbone_name(model))
+
+
+def calibrate_model(model, clip, latent: dict, pairs: list[dict], steps: int, cfg: float,
+                    sampler_name: str, scheduler: str, tolerance, cache_folder: str,
+                    settings, vae=None, seed: int = 0, include_audits: bool = True,
+                    node_id: str | None = None):
+    """Run the generic calibration (``self_calibration``) on a ComfyUI model with ComfyUI's
+    progress bar; resumable. Returns (RiskModel, report dict)."""
+    from .self_calibration import calibrate
+    negative = encode_text(clip, "", model)
+    conds: dict[str, Any] = {}
+
+    def make_run(prompt: str, pair_seed: int) -> ComfyRun:
+        if prompt not in conds:
+            conds[prompt] = encode_text(clip, prompt, model)
+        return ComfyRun(model, conds[prompt], negative, latent, pair_seed, steps, cfg,
+                        sampler_name, scheduler, progress=False)
+
+    bar = comfy.utils.ProgressBar(len(pairs))
+
+    def on_pair(done: int, total: int) -> None:
+        bar.update_absolute(done, total)
+        notify("calibration", {"done": done, "total": total}, node_id)
+
+    fingerprint = model_fingerprint(model)
+    return calibrate(make_run, pairs, settings, tolerance, cache_folder, fingerprint, steps,
+                     seed=seed, decode=frames_decoder(vae), include_audits=include_audits,
+                     on_pair=on_pair)
 
 
 def _latent_format_class(name: str):

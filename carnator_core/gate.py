@@ -72,6 +72,10 @@ class RiskModel:
     # the predicted risk with α directly (the prior, older files).
     thresholds: dict[str, dict[str, float]] = field(default_factory=dict)
     confidence: float | None = None
+    # What "beyond tolerance" meant when this model was calibrated ({"psnr_bound": dB,
+    # "space": "frames" | "latent"}): live audits label reuses by the same rule.
+    tolerance: dict | None = None
+    measured_reuses: int = 0  # reuses behind the fit and the thresholds (0: the prior)
 
     def scaled(self, features: dict[str, float]) -> dict[str, float]:
         """The evidence as the weights see it (depth_fraction passes through)."""
@@ -211,11 +215,18 @@ def _logistic(x: torch.Tensor, y: torch.Tensor, l2: float, iters: int, lr: float
         return weights().detach().clone(), float(b.detach())
 
 
+# Calibrations shipped with the pack for its bundled demo models (models/calibration/).
+BUNDLED_CALIBRATION = Path(__file__).resolve().parent.parent / "models" / "calibration"
+
+
 def risk_model_for(cache_folder: str | Path, model_fingerprint: str) -> RiskModel:
-    """The calibrated risk model for this model if one was fitted, else the default prior."""
-    path = Path(cache_folder) / "calibration" / f"{model_fingerprint}.json"
-    if path.is_file():
-        return RiskModel.load(path)
+    """The calibrated risk model for this model if one was fitted (the cache's own first,
+    then one shipped with the pack), else the default prior. A file is found by the model's
+    fingerprint only, so another model's calibration is never used."""
+    for folder in (Path(cache_folder) / "calibration", BUNDLED_CALIBRATION):
+        path = folder / f"{model_fingerprint}.json"
+        if path.is_file():
+            return RiskModel.load(path)
     return RiskModel()
 
 

@@ -12,16 +12,20 @@ import logging
 import math
 import sqlite3
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 import torch
 
+from . import audit
 from .cache import CacheError, LookupResult, StoredEntry, TrajectoryCache
 from .entry_precision import from_entry, latent_keys, loaded_latent, stored_latent, to_entry
 from .gate import GateSettings, Plan, RiskModel, decide, risk_model_for
 from .keys import CompatibilityClass, shape_str
 from .sparse_reuse import CONNECTIVITY_KEYS, Connectivity, SparseSettings
+from .calibration_status import model_status, status_line
+from .tolerance import psnr
 from .signature import (EarlySignature, pool_latent_tiles, pool_token_tiles, tile_grid_for,
                         tiles_to_latent_mask)
 
@@ -41,6 +45,7 @@ class ReuseSettings:
     sparse: SparseSettings = field(default_factory=SparseSettings)
     store: bool = True
     entry_dtype: str = "int8"       # how snapshots and the final latent are stored (entry_precision.py)
+    audit_rate: float = 0.0         # share of hits also computed in full to check α (audit.py)
 
     def probe_steps(self, steps: int) -> int:
         return max(1, min(steps - 1, math.ceil(self.probe_fraction * steps)))
@@ -129,6 +134,8 @@ class ProbeResult:
     seconds: float = 0.0
     probe_calls: int = 0
     prompt: str = ""
+    decode: Any = None                # latent → frames in 0..1 (a VAE), for audits on frames
+    gate_model: RiskModel | None = None  # the risk model the gate judged with (before audits)
 
     @property
     def signature(self) -> EarlySignature | None:
@@ -154,6 +161,8 @@ class Summary:
     sparse_backend: str | None = None
     reason: str = ""
     messages: list[str] = field(default_factory=list)
+    audit: dict | None = None         # this hit was also computed in full (audit.py)
+    calibration: str = ""             # the gate's calibration and audits, in one line
 
     def text(self) -> str:
         if self.outcome == "exact":
@@ -172,6 +181,10 @@ class Summary:
             lines.append(f"saved ≈ {self.saved_seconds:.2f} s")
         if self.reason:
             lines.append(self.reason)
+        if self.audit:
+            lines.append(self.audit["text"])
+        if self.calibration:
+            lines.append(self.calibration)
         lines.extend(self.messages)
         return "\n".join(lines)
 
@@ -270,7 +283,32 @@ def gate(pr: ProbeResult, found: LookupResult, risk_model: RiskModel,
         comparable.append((cand.entry.id, old_sig, sim, cand.entry.snapshot_steps))
     if not comparable:
         return Plan(False, reason="no candidate has evidence at this probe step"), []
-    return decide(new_sig, comparable, pr.run.steps, pr.probe_steps, risk_model, settings)
+    pr.gate_model, pr.settings.gate = risk_model, settings  # the audit judges this budget
+    model, budget, note = _audited(pr, risk_model, settings.risk_budget)
+    plan, verdicts = decide(new_sig, comparable, pr.run.steps, pr.probe_steps, model,
+                            replace(settings, risk_budget=budget))
+    if note:
+        plan.reason = f"{plan.reason} · {note}"
+    return plan, verdicts
+
+
+def _audited(pr: ProbeResult, model: RiskModel, alpha: float) -> tuple[RiskModel, float, str]:
+    """The risk model and budget after live audits tightened this model's gate (if ever)."""
+    if not (Path(pr.cache.folder) / audit.DB_NAME).exists():
+        return model, alpha, ""  # never audited: no file made for users who do not audit
+
+    def levels():
+        log_ = audit.AuditLog(pr.cache.folder)
+        try:
+            return log_.levels(pr.klass.model_fingerprint, audit.calibration_id(model), alpha)
+        finally:
+            log_.close()
+    got = guarded(pr.cache, "reading the audit levels", levels, default={}) or {}
+    if not any(got.values()):
+        return model, alpha, ""
+    tight, budget = audit.tightened(model, alpha, got)
+    return tight, budget, "gate tightened by live audits (" + ", ".join(
+        f"{k.replace('_', '-')} level {v}" for k, v in sorted(got.items()) if v) + ")"
 
 
 def lookup_and_gate(pr: ProbeResult) -> tuple[Plan, LookupResult]:
@@ -368,9 +406,57 @@ def reuse(pr: ProbeResult, plan: Plan) -> tuple[torch.Tensor, Summary]:
         s.region_fraction = plan.region_fraction
         s.saved_seconds = seconds / computed * (n - computed)
         guarded(pr.cache, "recording the hit", pr.cache.record_use, plan.entry_id, n - computed)
+        if audit.sampled(pr.settings.audit_rate, f"{pr.exact_key}:{plan.entry_id}"):
+            s.audit = _audit(pr, plan, final)
     s.stored_id = _store(pr, record, final, plan if outcome == "hit" else None, own_connectivity)
+    if pr.cache is not None:
+        s.calibration = guarded(pr.cache, "reading the calibration status", lambda: status_line(
+            model_status(pr.cache.folder, pr.klass.model_fingerprint), pr.settings.gate.risk_budget),
+            default="") or ""
     _finish_summary(pr, s, notes)
     return final, s
+
+
+def _audit(pr: ProbeResult, plan: Plan, final: torch.Tensor) -> dict:
+    """Compute the request in full (dense, from its own noise) and judge the hit with the
+    calibration's tolerance; record it, and say if the gate tightened."""
+    run, n = pr.run, pr.run.steps
+    model = pr.gate_model or RiskModel()
+    tol = model.tolerance or {"psnr_bound": 30.0, "space": "latent"}
+    if tol.get("space") == "frames" and pr.decode is None:
+        return {"audited": False, "text": "audit skipped: this model was calibrated on decoded "
+                "frames; connect its VAE to the sampler's vae input to audit"}
+    att = run.attention
+    att.capture_steps, att.sparse_steps, att.connectivity = set(), set(), None
+    calls = run.model_calls
+    reference = run.sample(0, n, None)
+    if tol.get("space") == "frames":
+        q = psnr(pr.decode(final), pr.decode(reference), peak=1.0)
+    else:
+        q = psnr(final, reference)
+    label = int(q < float(tol["psnr_bound"]))
+    fp, alpha = pr.klass.model_fingerprint, pr.settings.gate.risk_budget
+
+    def record():
+        log_ = audit.AuditLog(pr.cache.folder)
+        try:
+            return log_.record(fp, audit.calibration_id(model), alpha, plan.features,
+                               model.score(plan.features) if model.thresholds else plan.risk,
+                               plan.reuse_step, n, q, label, tol["space"], plan.entry_id, pr.exact_key)
+        finally:
+            log_.close()
+    state = guarded(pr.cache, "recording the audit", record) or {}
+    text = (f"audited: PSNR {q:.1f} dB vs its full computation ({tol['space']}, bound "
+            f"{tol['psnr_bound']:g} dB): {'BEYOND' if label else 'within'} tolerance")
+    if state.get("audits"):
+        text += (f" · {state['failures']}/{state['audits']} audits beyond "
+                 f"({state['lower']:.0%}–{state['upper']:.0%}) at α {alpha:.0%}")
+    if state.get("tightened"):
+        text += f" · {state['reason']}"
+    return {"audited": True, "psnr": q, "label": label, "space": tol["space"],
+            "calls": run.model_calls - calls, "text": text,
+            **{k: state[k] for k in ("klass", "level", "audits", "failures", "rate", "lower",
+                                     "upper", "tightened") if k in state}}
 
 
 def _plan_attention(pr: ProbeResult, plan: Plan | None, own: Connectivity | None,

@@ -3,12 +3,13 @@ from comfy_api.latest import ComfyExtension, io
 
 from .pipeline_nodes import (CarnatorCacheLookup, CarnatorCompatibilityGate, CarnatorEarlyProbe,
                              CarnatorReuseSampler)
+from .calibrate_node import CarnatorCalibrate
 from .sampler_node import CarnatorSampler
 from .utility_nodes import CarnatorCache, CarnatorDemoTextEncode
 
 NODES: list[type[io.ComfyNode]] = [
     CarnatorEarlyProbe, CarnatorCacheLookup, CarnatorCompatibilityGate, CarnatorReuseSampler,
-    CarnatorSampler, CarnatorCache, CarnatorDemoTextEncode,
+    CarnatorSampler, CarnatorCache, CarnatorDemoTextEncode, CarnatorCalibrate,
 ]
 
 

@@ -52,6 +52,15 @@ def gate_inputs() -> list:
     ]
 
 
+def audit_inputs() -> list:
+    return [
+        io.Float.Input("audit_rate", default=0.0, min=0.0, max=1.0, step=0.01, optional=True,
+                       tooltip="Share of hits also computed in full to measure the false-accept rate against α on your traffic (each audited hit costs one full generation). 0: the CARNATOR_AUDIT_RATE environment variable, else off."),
+        io.Vae.Input("vae", optional=True,
+                     tooltip="Only for audits of a model calibrated on decoded frames: the same VAE."),
+    ]
+
+
 def sparse_inputs() -> list:
     return [
         io.Boolean.Input("sparse_attention", default=True, optional=True,

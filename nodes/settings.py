@@ -1,4 +1,5 @@
 """Turn node input values into core settings objects."""
+from ..carnator_core.comfy_adapter import audit_rate_default
 from ..carnator_core.gate import GateSettings
 from ..carnator_core.pipeline import ReuseSettings
 from ..carnator_core.sparse_reuse import SparseSettings
@@ -14,9 +15,15 @@ def sparse_settings(sparse_attention=None, keep_mass=None, min_density=None, ref
                           on_miss=pick(sparse_on_miss, d.on_miss))
 
 
-def reuse_settings(probe_fraction: float, snapshot_count: int | None = None, **gate) -> ReuseSettings:
+def reuse_settings(probe_fraction: float, snapshot_count: int | None = None,
+                   audit_rate: float | None = None, **gate) -> ReuseSettings:
     return ReuseSettings(probe_fraction=probe_fraction, snapshot_count=snapshot_count or ReuseSettings.snapshot_count,
-                         gate=gate_settings(**gate))
+                         gate=gate_settings(**gate), audit_rate=audit_rate_or_default(audit_rate))
+
+
+def audit_rate_or_default(rate: float | None) -> float:
+    """The node's audit rate, or the operator's CARNATOR_AUDIT_RATE when the node says 0."""
+    return rate if rate else audit_rate_default()
 
 
 def gate_settings(risk_budget: float = 0.05, min_depth: float | None = None,

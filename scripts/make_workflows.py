@@ -36,6 +36,7 @@ OUTPUTS = {
     "CarnatorCompatibilityGate": [("plan", "CARNATOR_PLAN"), ("summary", "STRING")],
     "CarnatorReuseSampler": [("LATENT", "LATENT"), ("summary", "STRING")],
     "CarnatorSampler": [("LATENT", "LATENT"), ("summary", "STRING")],
+    "CarnatorCalibrate": [("report", "STRING")],
     "SaveLatent": [],
 }
 SAMPLING_WIDGETS = ["seed", "steps", "cfg", "sampler_name", "scheduler"]
@@ -44,6 +45,9 @@ PROBE_OPTIONAL = ["seed_policy", "snapshot_count", "label"]
 GATE_WIDGETS = ["risk_budget"]
 GATE_OPTIONAL = ["min_depth", "max_depth", "max_region"]
 SPARSE_OPTIONAL = ["sparse_attention", "keep_mass", "min_density", "refresh_every", "sparse_on_miss"]
+AUDIT_OPTIONAL = ["audit_rate"]
+CALIBRATE_WIDGETS = ["prompts", "pairs", "first_seed", "steps", "cfg", "sampler_name", "scheduler",
+                     "psnr_bound", "include_audits"]
 WIDGETS = {
     "UNETLoader": ["unet_name", "weight_dtype"],
     "CarnatorDemoTextEncode": ["text", "backbone"],
@@ -52,9 +56,10 @@ WIDGETS = {
     "CarnatorEarlyProbe": SAMPLING_WIDGETS + PROBE_WIDGETS + PROBE_OPTIONAL,
     "CarnatorCacheLookup": ["top_k"],
     "CarnatorCompatibilityGate": GATE_WIDGETS + GATE_OPTIONAL,
-    "CarnatorReuseSampler": SPARSE_OPTIONAL,
+    "CarnatorReuseSampler": SPARSE_OPTIONAL + AUDIT_OPTIONAL,
     "CarnatorSampler": (SAMPLING_WIDGETS + PROBE_WIDGETS + GATE_WIDGETS + PROBE_OPTIONAL
-                        + GATE_OPTIONAL + SPARSE_OPTIONAL),
+                        + GATE_OPTIONAL + SPARSE_OPTIONAL + AUDIT_OPTIONAL),
+    "CarnatorCalibrate": CALIBRATE_WIDGETS,
     "SaveLatent": ["filename_prefix"],
 }
 
@@ -74,7 +79,7 @@ def graph(backbone: str, single_node: bool) -> dict[str, dict]:
                 "seed_policy": "same_seed", "snapshot_count": 7, "label": PROMPT}
     gate = {"risk_budget": RISK_BUDGET, "min_depth": 0.2, "max_depth": 0.8, "max_region": 0.5}
     sparse = {"sparse_attention": True, "keep_mass": 0.9, "min_density": 0.1, "refresh_every": 0,
-              "sparse_on_miss": False}
+              "sparse_on_miss": False, "audit_rate": 0.0}
     if single_node:
         g["5"] = ("CarnatorSampler", {**sampling, **gate, **sparse})
         final = "5"
@@ -85,6 +90,21 @@ def graph(backbone: str, single_node: bool) -> dict[str, dict]:
         g["8"] = ("CarnatorReuseSampler", {"plan": ["7", 0], **sparse})
         final = "8"
     g["9"] = ("SaveLatent", {"samples": [final, 0], "filename_prefix": f"carnator/{backbone}"})
+    return {k: {"class_type": t, "inputs": i, "_meta": {"title": t}} for k, (t, i) in g.items()}
+
+
+def calibration_graph(backbone: str) -> dict[str, dict]:
+    """Calibrate the gate on the model: no text encoder (the demo one is used), no VAE
+    (reuses judged on the latent), the built-in prompt list."""
+    model_file, latent_node, latent_widgets = BACKBONES[backbone]
+    g = {
+        "1": ("UNETLoader", {"unet_name": model_file, "weight_dtype": "default"}),
+        "4": (latent_node, dict(zip(WIDGETS[latent_node], latent_widgets))),
+        "5": ("CarnatorCalibrate", {"model": ["1", 0], "latent_image": ["4", 0], "prompts": "",
+                                    "pairs": 60, "first_seed": 0, "steps": STEPS, "cfg": CFG,
+                                    "sampler_name": "euler", "scheduler": "simple",
+                                    "psnr_bound": 30.0, "include_audits": True}),
+    }
     return {k: {"class_type": t, "inputs": i, "_meta": {"title": t}} for k, (t, i) in g.items()}
 
 
@@ -134,6 +154,11 @@ def main() -> None:
             (OUT / f"{name}.json").write_text(json.dumps(to_ui(api), indent=1) + "\n")
             (OUT / "api" / f"{name}.api.json").write_text(json.dumps(api, indent=1) + "\n")
             print("wrote", name)
+    name = "carnator_wan21_calibrate"
+    api = calibration_graph("wan21")
+    (OUT / f"{name}.json").write_text(json.dumps(to_ui(api), indent=1) + "\n")
+    (OUT / "api" / f"{name}.api.json").write_text(json.dumps(api, indent=1) + "\n")
+    print("wrote", name)
 
 
 if __name__ == "__main__":

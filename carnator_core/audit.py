@@ -1,0 +1,188 @@
+"""Live audits of accepted reuses: is the risk budget α kept on *this* traffic? (issue 11)
+
+A share of hits (the audit rate) is also computed in full, from the same noise, and the pair
+is labelled with the calibration's own tolerance. Audits are kept per model fingerprint in
+``<cache>/audits.sqlite`` (kept across restarts, apart from the trajectory index so a
+damaged index never takes them along) and give a running false-accept estimate with an
+exact (Clopper–Pearson) interval.
+
+When the gate tightens: per evidence class, once the audits made at the current level are
+as many as could certify α at all (``risk_control.min_accepted``: every one within
+tolerance) and their false-accept rate is above α. The upper bound alone would tighten every
+fresh deployment (with few audits it is near 1); the estimate alone would react to one
+unlucky audit. Tightening moves the class one step down the ladder of budgets the
+calibration certified (α = 5% then uses the thresholds certified at 2%, then 1%, then
+nothing), or halves α for an uncalibrated model. Audits then count afresh at the new level.
+It does not relax by itself: a relaxed budget has no audits behind it. A new calibration
+(which may include the audits as data, ``audit_instances``) starts from level 0.
+"""
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import sqlite3
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+from .gate import EVIDENCE_CLASSES, RiskModel, evidence_class
+from .risk_control import clopper_pearson_lower, clopper_pearson_upper, min_accepted
+
+DB_NAME = "audits.sqlite"
+DELTA = 0.1  # intervals and the tightening rule at 90% confidence, as the certified thresholds
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS audits (
+    id INTEGER PRIMARY KEY, time REAL NOT NULL, fingerprint TEXT NOT NULL,
+    calibration TEXT NOT NULL, alpha REAL NOT NULL, klass TEXT NOT NULL, level INTEGER NOT NULL,
+    k INTEGER, steps INTEGER, score REAL, psnr REAL NOT NULL, label INTEGER NOT NULL,
+    space TEXT NOT NULL, entry_id TEXT, request TEXT, features TEXT);
+CREATE INDEX IF NOT EXISTS audits_by_model ON audits (fingerprint, calibration, alpha, klass, level);
+CREATE TABLE IF NOT EXISTS audit_levels (
+    fingerprint TEXT NOT NULL, calibration TEXT NOT NULL, alpha REAL NOT NULL, klass TEXT NOT NULL,
+    level INTEGER NOT NULL, since REAL NOT NULL, reason TEXT,
+    PRIMARY KEY (fingerprint, calibration, alpha, klass));
+"""
+
+
+def sampled(rate: float, key: str) -> bool:
+    """Whether the request with this key is audited: a hash of the key against the rate, so
+    the share audited is the rate and a re-run of the same request decides the same."""
+    if rate <= 0:
+        return False
+    if rate >= 1:
+        return True
+    u = int(hashlib.sha256(key.encode()).hexdigest()[:12], 16) / float(16 ** 12)
+    return u < rate
+
+
+def calibration_id(model: RiskModel) -> str:
+    """Which calibration the audits judge: the prior, or a digest of the fitted model."""
+    if not model.calibrated:
+        return "prior"
+    return hashlib.sha256(json.dumps(asdict(model), sort_keys=True).encode()).hexdigest()[:16]
+
+
+def should_tighten(audits: int, failures: int, alpha: float, delta: float = DELTA) -> bool:
+    return audits >= min_accepted(alpha, delta) and failures > alpha * audits
+
+
+def interval(failures: int, audits: int, delta: float = DELTA) -> dict:
+    """Estimate and two-sided (1−δ) exact interval of a false-accept rate."""
+    return {"audits": audits, "failures": failures,
+            "rate": failures / audits if audits else None,
+            "lower": clopper_pearson_lower(failures, audits, delta / 2) if audits else 0.0,
+            "upper": clopper_pearson_upper(failures, audits, delta / 2) if audits else 1.0}
+
+
+def tightened(model: RiskModel, alpha: float, levels: dict[str, int]) -> tuple[RiskModel, float]:
+    """The model and budget the gate uses after audits tightened some classes: each class
+    ``levels[class]`` steps down its certified ladder; an uncalibrated model's α halved per
+    level of its most tightened class."""
+    if not any(levels.values()):
+        return model, alpha
+    if not model.thresholds:
+        return model, alpha / 2 ** max(levels.values())
+    out = copy.copy(model)
+    out.thresholds = {}
+    for klass, table in model.thresholds.items():
+        # the gate uses the largest certified budget ≤ α: drop that many from the top
+        within = sorted((b for b in table if float(b) <= alpha + 1e-12), key=float)
+        dropped = set(within[max(0, len(within) - levels.get(klass, 0)):]) if levels.get(klass, 0) else set()
+        out.thresholds[klass] = {b: lam for b, lam in table.items() if b not in dropped}
+    return out, alpha
+
+
+class AuditLog:
+    """The audits of one cache folder."""
+
+    def __init__(self, folder: str | Path):
+        self.path = Path(folder) / DB_NAME
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.db = sqlite3.connect(str(self.path), timeout=30, isolation_level=None)
+        self.db.execute("PRAGMA journal_mode=WAL")
+        self.db.executescript(SCHEMA)
+
+    def close(self) -> None:
+        self.db.close()
+
+    def levels(self, fingerprint: str, calibration: str, alpha: float) -> dict[str, int]:
+        rows = self.db.execute("SELECT klass, level FROM audit_levels WHERE fingerprint=? AND "
+                               "calibration=? AND alpha=?", (fingerprint, calibration, alpha))
+        return {k: int(v) for k, v in rows}
+
+    def record(self, fingerprint: str, calibration: str, alpha: float, features: dict,
+               score: float | None, k: int, steps: int, psnr: float, label: int, space: str,
+               entry_id: str | None = None, request: str | None = None) -> dict:
+        """Store one audit; tighten its class if the audits at its level now show α broken.
+        Returns the class's state (``interval`` plus level and what changed)."""
+        klass = evidence_class(features)
+        with self.db:  # one transaction: two workers never both tighten from one count
+            self.db.execute("BEGIN IMMEDIATE")
+            level = self.levels(fingerprint, calibration, alpha).get(klass, 0)
+            self.db.execute(
+                "INSERT INTO audits (time, fingerprint, calibration, alpha, klass, level, k, steps, "
+                "score, psnr, label, space, entry_id, request, features) "
+                "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                (time.time(), fingerprint, calibration, alpha, klass, level, k, steps, score,
+                 psnr, int(label), space, entry_id, request, json.dumps(features)))
+            n, bad = self.db.execute(
+                "SELECT COUNT(*), COALESCE(SUM(label),0) FROM audits WHERE fingerprint=? AND "
+                "calibration=? AND alpha=? AND klass=? AND level=?",
+                (fingerprint, calibration, alpha, klass, level)).fetchone()
+            state = {"klass": klass, "level": level, **interval(bad, n), "tightened": False}
+            if should_tighten(n, bad, alpha):
+                state["reason"] = (f"audits: {bad} of {n} {klass.replace('_', '-')} reuses beyond "
+                                   f"tolerance ({bad / n:.1%}) > α {alpha:.1%}; gate tightened "
+                                   f"to level {level + 1}")
+                self.db.execute(
+                    "INSERT OR REPLACE INTO audit_levels VALUES (?,?,?,?,?,?,?)",
+                    (fingerprint, calibration, alpha, klass, level + 1, time.time(), state["reason"]))
+                state.update(tightened=True, level=level + 1)
+        return state
+
+    def status(self, fingerprint: str, calibration: str | None = None) -> dict:
+        """Per budget α audited so far: overall and per class, at each class's current level
+        and over all levels."""
+        where, args = "fingerprint=?", [fingerprint]
+        if calibration is not None:
+            where, args = where + " AND calibration=?", args + [calibration]
+        out: dict = {}
+        rows = self.db.execute(f"SELECT alpha, calibration, klass, level, COUNT(*), SUM(label) "
+                               f"FROM audits WHERE {where} GROUP BY alpha, calibration, klass, level", args)
+        for alpha, calib, klass, level, n, bad in rows:
+            a = out.setdefault(f"{alpha:g}", {"alpha": alpha, "calibration": calib, "classes": {},
+                                              "all": [0, 0]})
+            c = a["classes"].setdefault(klass, {"level": 0, "current": [0, 0], "all": [0, 0]})
+            c["all"] = [c["all"][0] + n, c["all"][1] + bad]
+            a["all"] = [a["all"][0] + n, a["all"][1] + bad]
+        for a in out.values():
+            levels = self.levels(fingerprint, a["calibration"], a["alpha"])
+            for klass, c in a["classes"].items():
+                c["level"] = levels.get(klass, 0)
+                n, bad = self.db.execute(
+                    "SELECT COUNT(*), COALESCE(SUM(label),0) FROM audits WHERE fingerprint=? AND "
+                    "calibration=? AND alpha=? AND klass=? AND level=?",
+                    (fingerprint, a["calibration"], a["alpha"], klass, c["level"])).fetchone()
+                c["current"], c["all"] = interval(bad, n), interval(*c["all"][::-1])
+            a["all"] = interval(*a["all"][::-1])
+        return out
+
+    def audit_instances(self, fingerprint: str, tolerance) -> list[dict]:
+        """The audits as calibration instances (one labelled depth each), to refit with:
+        those measured in the tolerance's space, labelled by its bound."""
+        rows = self.db.execute("SELECT id, features, k, steps, psnr FROM audits WHERE "
+                               "fingerprint=? AND space=?", (fingerprint, tolerance.space))
+        out = []
+        for i, feats, k, steps, psnr in rows:
+            label = psnr < tolerance.psnr_bound
+            f = json.loads(feats)
+            depth = f.pop("depth_fraction", (k or 0) / max(steps or 1, 1))
+            out.append({"group": f"audit-{i}", "kind": "audit", "features": {**f, "depth_fraction": 0.0},
+                        "depths": [{"k": k, "depth_fraction": depth, "psnr": psnr, "label": int(label)}]})
+        return out
+
+
+__all__ = ["AuditLog", "sampled", "calibration_id", "should_tighten", "interval", "tightened",
+           "EVIDENCE_CLASSES", "DB_NAME"]

@@ -1,0 +1,71 @@
+"""What a person needs to know about a model's gate: calibrated or not, from what, and what
+live audits measured against α (issue 11). Read by the node summary and the cache tab."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from . import audit
+from .gate import BUNDLED_CALIBRATION, RiskModel, risk_model_for
+
+
+def model_status(cache_folder: str | Path, fingerprint: str) -> dict:
+    """The gate's calibration and audits for one model fingerprint."""
+    folder = Path(cache_folder)
+    where = next((name for name, base in (("cache", folder / "calibration"),
+                                          ("bundled with the pack", BUNDLED_CALIBRATION))
+                  if (base / f"{fingerprint}.json").is_file()), None)
+    try:
+        model, problem = risk_model_for(folder, fingerprint), None
+    except ValueError as e:
+        model, problem = RiskModel(), str(e)
+    out = {"fingerprint": fingerprint, "calibrated": bool(model.calibrated and where),
+           "where": where, "source": model.source, "measured_reuses": model.measured_reuses,
+           "tolerance": model.tolerance, "confidence": model.confidence,
+           "certified_budgets": sorted({float(a) for t in model.thresholds.values() for a in t}),
+           "problem": problem, "audits": {}}
+    if (folder / audit.DB_NAME).exists():
+        log = audit.AuditLog(folder)
+        try:
+            out["audits"] = log.status(fingerprint, audit.calibration_id(model))
+        finally:
+            log.close()
+    return out
+
+
+def known_fingerprints(cache_folder: str | Path, from_entries: list[str] = ()) -> list[str]:
+    """Models with entries, a calibration file or audits in this cache folder."""
+    folder = Path(cache_folder)
+    found = set(from_entries)
+    cal = folder / "calibration"
+    if cal.is_dir():
+        found |= {p.stem for p in cal.glob("*.json") if "." not in p.stem}
+    if (folder / audit.DB_NAME).exists():
+        log = audit.AuditLog(folder)
+        try:
+            found |= {r[0] for r in log.db.execute("SELECT DISTINCT fingerprint FROM audits")}
+        finally:
+            log.close()
+    return sorted(found)
+
+
+def status_line(status: dict, alpha: float | None = None) -> str:
+    """One line for a node summary."""
+    if status["problem"]:
+        return f"gate: calibration file unusable ({status['problem']})"
+    if not status["calibrated"]:
+        line = ("gate: uncalibrated prior (α is a relative knob here; run Carnator Calibrate "
+                "on this model to make it a promise)")
+    else:
+        tol = status["tolerance"] or {}
+        line = (f"gate: calibrated ({status['measured_reuses']:,} reuses measured"
+                + (f", PSNR on {tol.get('space')} ≥ {tol.get('psnr_bound'):g} dB" if tol else "")
+                + f"; {status['where']})")
+    a = status["audits"].get(f"{alpha:g}") if alpha is not None else None
+    if a:
+        al = a["all"]
+        line += (f" · audits at α {alpha:.0%}: {al['failures']} of {al['audits']} beyond tolerance "
+                 f"({al['rate']:.1%}, 90% interval {al['lower']:.1%}–{al['upper']:.1%})")
+        tight = {k: c["level"] for k, c in a["classes"].items() if c["level"]}
+        if tight:
+            line += " · tightened: " + ", ".join(f"{k.replace('_', '-')} level {v}" for k, v in tight.items())
+    return line

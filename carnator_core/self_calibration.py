@@ -1,0 +1,217 @@
+"""Calibrate the gate on any model with no ground truth but the model itself (issue 11).
+
+For each prompt pair (``prompt_pairs``) both requests are computed in full from the same
+noise; then, in both directions, the request *actually reuses* the other's trajectory at
+every depth the gate may choose — the candidate's x_k outside region M, the request's own
+estimate inside (``pipeline.fill_region``, as a hit does) — and finishes. A reuse is
+labelled by a ``Tolerance`` defined on the model's own output: PSNR of the decoded frames
+(a VAE connected) or of the latent (none) against the request's own full computation.
+
+Progress is a JSON-lines file of measured pairs beside the calibration file: an
+interrupted calibration resumes where it stopped, a finished one refits without measuring.
+Plain torch; the caller hands in ``make_run(prompt, seed)`` (``comfy_adapter.ComfyRun`` in
+ComfyUI, the tiny world's runs in the benchmark) and optionally ``decode(latent)``.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from .gate import RiskModel, evidence
+from .pipeline import ReuseSettings, TrajectoryRecord, fill_region
+from .tolerance import Tolerance, psnr
+
+
+@dataclass
+class FullRun:
+    """A request computed in full, with what a reuse needs from it."""
+    record: TrajectoryRecord
+    final: torch.Tensor
+    x0_probe: torch.Tensor
+    x_probe: torch.Tensor
+
+
+def compute_full(run, snapshot_steps: list[int], probe_steps: int) -> FullRun:
+    """``run`` from noise to the end, recording snapshots, tiles and the probe's state."""
+    record = TrajectoryRecord(run, list(snapshot_steps))
+    stash = {}
+
+    def on_step(step, x, x0):
+        record.on_step(step, x, x0)
+        if step == probe_steps - 1:
+            stash["x0_probe"] = x0.detach().clone()
+        if step == probe_steps:  # what the probe hands on: the latent at step P
+            stash["x_probe"] = run.boundary_from_sampler_space(x.detach(), step)
+
+    final = run.sample(0, run.steps, None, on_step, capture_steps=set(range(probe_steps)))
+    return FullRun(record, final, stash["x0_probe"], stash["x_probe"])
+
+
+def reuse_depths(settings: ReuseSettings, steps: int) -> list[int]:
+    """The stored depths the gate may choose (as ``gate.decide`` bounds them)."""
+    p = settings.probe_steps(steps)
+    lo = max(p, math.ceil(settings.gate.min_depth * steps))
+    hi = math.floor(settings.gate.max_depth * steps)
+    return [k for k in settings.snapshot_steps(steps) if lo <= k <= hi]
+
+
+def measure_direction(request: FullRun, candidate: FullRun, new_run: Callable[[], object],
+                      settings: ReuseSettings, region_threshold: float,
+                      outcome: Callable[[torch.Tensor], dict]) -> dict:
+    """One instance (``calibration`` module's format): the gate's evidence for ``request``
+    against ``candidate`` at the probe step, and ``outcome(final latent)`` of reusing the
+    candidate at each depth the gate may choose (``outcome`` returns at least psnr and
+    label)."""
+    steps = request.record.run.steps
+    p = settings.probe_steps(steps)
+    new_sig, old_sig = request.record.signature(p - 1), candidate.record.signature(p - 1)
+    feats, region = evidence(new_sig, old_sig, new_sig.similarity(old_sig), region_threshold)
+    inst = {"features": feats, "depths": []}
+    if p > 1:  # what a one-step probe would have seen (issue 10: probe cost)
+        new0, old0 = request.record.signature(0), candidate.record.signature(0)
+        inst["features_step0"] = evidence(new0, old0, new0.similarity(old0), region_threshold)[0]
+    if feats["region_fraction"] > settings.gate.max_region_fraction:
+        return inst  # the gate rejects it before any depth
+    for k in reuse_depths(settings, steps):
+        run = new_run()
+        x_k = candidate.record.snapshots[k].float()
+        if bool(region.any()):
+            start, fill = fill_region(run, x_k, region, request.record.grid, request.x0_probe,
+                                      request.x_probe, p, k, settings.region_fill_calls)
+        else:
+            start, fill = run.boundary_from_sampler_space(x_k, k), 0
+        final = run.sample(k, steps, start)
+        inst["depths"].append({"k": k, "depth_fraction": k / steps, "fill_steps": fill,
+                               **outcome(final)})
+    return inst
+
+
+def pair_id(pair: dict, seed: int, steps: int) -> str:
+    return hashlib.sha256(json.dumps([pair["a"], pair["b"], seed, steps]).encode()).hexdigest()[:16]
+
+
+def progress_path(calibration_file: str | Path) -> Path:
+    """Where the measured pairs of a calibration live while (and after) it runs."""
+    p = Path(calibration_file)
+    return p.with_name(p.stem + ".progress.jsonl")
+
+
+def load_progress(path: str | Path) -> dict[str, list[dict]]:
+    """Measured pairs by pair id; a line cut short by an interruption is dropped."""
+    done: dict[str, list[dict]] = {}
+    if not Path(path).is_file():
+        return done
+    with open(path) as f:
+        for line in f:
+            try:
+                row = json.loads(line)
+                done[row["pair_id"]] = row["instances"]
+            except (ValueError, KeyError, TypeError):
+                continue  # the last line of a killed run
+    return done
+
+
+def measure(pairs: list[dict], make_run: Callable[[str, int], object], settings: ReuseSettings,
+            tolerance: Tolerance, progress_file: str | Path, steps: int, seed: int = 0,
+            decode: Callable[[torch.Tensor], torch.Tensor] | None = None,
+            region_threshold: float | None = None,
+            on_pair: Callable[[int, int], None] | None = None, log=print) -> list[dict]:
+    """Measure every pair (both directions), resuming from ``progress_file``; returns the
+    instances. Pair i runs with seed ``seed + group``: both requests of a pair share it, as
+    requests the cache may match do under the same_seed policy."""
+    if tolerance.space == "frames" and decode is None:
+        raise ValueError("a tolerance on decoded frames needs a decoder (connect the VAE), "
+                         "or use the latent tolerance")
+    region_threshold = RiskModel().region_threshold if region_threshold is None else region_threshold
+    done = load_progress(progress_file)
+    p = settings.probe_steps(steps)
+    snaps = settings.snapshot_steps(steps)
+    instances: list[dict] = []
+    Path(progress_file).parent.mkdir(parents=True, exist_ok=True)
+    for i, pair in enumerate(pairs):
+        pid = pair_id(pair, seed, steps)
+        if pid not in done:
+            done[pid] = _measure_pair(pair, seed + int(pair["group"]), make_run, settings, tolerance,
+                                      decode, region_threshold, snaps, p)
+            with open(progress_file, "a") as f:  # one line per pair: a kill loses one pair at most
+                f.write(json.dumps({"pair_id": pid, "instances": done[pid]}) + "\n")
+                f.flush()
+                os.fsync(f.fileno())
+        instances += done[pid]
+        if on_pair is not None:
+            on_pair(i + 1, len(pairs))
+    return instances
+
+
+def _measure_pair(pair, seed, make_run, settings, tolerance, decode, region_threshold, snaps, p):
+    full = {side: compute_full(make_run(pair[side], seed), snaps, p) for side in ("a", "b")}
+    frames = {side: decode(f.final) for side, f in full.items()} if decode else {}
+    out = []
+    for req, cand in (("b", "a"), ("a", "b")):
+        def outcome(final, req=req) -> dict:
+            lat = psnr(final, full[req].final)
+            got = {"psnr_latent": lat}
+            if decode is not None:
+                got["psnr_frames"] = psnr(decode(final), frames[req], peak=1.0)
+            q = got["psnr_frames" if tolerance.space == "frames" else "psnr_latent"]
+            return {**got, "psnr": q, "label": int(q < tolerance.psnr_bound)}
+        inst = measure_direction(full[req], full[cand], lambda req=req: make_run(pair[req], seed),
+                                 settings, region_threshold, outcome)
+        out.append({"group": pair["group"], "kind": pair.get("kind"), "prompt": pair[req],
+                    "candidate_prompt": pair[cand], **inst})
+    return out
+
+
+def calibrate(make_run: Callable[[str, int], object], pairs: list[dict], settings: ReuseSettings,
+              tolerance: Tolerance, cache_folder: str | Path, fingerprint: str, steps: int,
+              seed: int = 0, decode: Callable[[torch.Tensor], torch.Tensor] | None = None,
+              include_audits: bool = True, delta: float = 0.1,
+              on_pair: Callable[[int, int], None] | None = None) -> tuple[RiskModel, dict]:
+    """Measure (resumably), fit, certify and save the calibration file the gate loads for
+    ``fingerprint``; the report (with its held-out check) is saved beside it."""
+    from . import calibration as CAL
+    from .audit import DB_NAME, AuditLog
+    path = CAL.calibration_path(cache_folder, fingerprint)
+    instances = measure(pairs, make_run, settings, tolerance, progress_path(path), steps, seed,
+                        decode, on_pair=on_pair)
+    audits = []
+    if include_audits and (Path(cache_folder) / DB_NAME).exists():
+        log_ = AuditLog(cache_folder)
+        try:
+            audits = log_.audit_instances(fingerprint, tolerance)
+        finally:
+            log_.close()
+    model, report = CAL.fit_and_certify(instances + audits, RiskModel().region_threshold,
+                                        delta=delta, tolerance=tolerance.as_dict(),
+                                        max_region_fraction=settings.gate.max_region_fraction)
+    model.source = (f"generic calibration: {len(pairs)} prompt pairs, {len(audits)} live audits, "
+                    f"PSNR on {tolerance.space} ≥ {tolerance.psnr_bound:g} dB; " + model.source)
+    report.update(model_fingerprint=fingerprint, pairs=len(pairs), audits_used=len(audits),
+                  steps=steps, source=model.source, thresholds=model.thresholds)
+    CAL.save(model, cache_folder, fingerprint)
+    path.with_name(path.stem + ".report.json").write_text(json.dumps(report, indent=1))
+    return model, report
+
+
+def report_text(report: dict) -> str:
+    """The calibration's outcome for a person: what was measured, what is certified, and
+    the held-out check of the gate's decisions."""
+    tol = report.get("tolerance") or {}
+    lines = [f"calibrated model {report['model_fingerprint'][:12]}: {report['pairs']} prompt pairs "
+             f"+ {report.get('audits_used', 0)} audits → {report['measured_reuses']} reuses measured, "
+             f"{report['exceeded_tolerance']} beyond tolerance (PSNR on {tol.get('space')} < "
+             f"{tol.get('psnr_bound')} dB)"]
+    for klass, budgets in (report.get("thresholds") or {}).items():
+        certified = ", ".join(f"{float(a):.0%}" for a in sorted(budgets, key=float)) or "none"
+        lines.append(f"{klass.replace('_', '-')} evidence: budgets certified {certified}")
+    for a, v in report["heldout"].items():
+        lines.append(f"held-out check α={float(a):.0%}: {v['accepted']} of {v['instances']} accepted, "
+                     f"false accepts {v['false_accept_rate']:.1%} (95% upper {v['false_accept_upper95']:.1%})")
+    return "\n".join(lines)

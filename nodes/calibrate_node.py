@@ -1,0 +1,60 @@
+"""CarnatorCalibrate: calibrate the gate on the connected model (issue 11)."""
+from __future__ import annotations
+
+from comfy_api.latest import io
+
+from ..carnator_core import prompt_pairs
+from ..carnator_core.comfy_adapter import (SAMPLER_NAMES, SCHEDULER_NAMES, calibrate_model,
+                                           default_cache_folder)
+from ..carnator_core.self_calibration import report_text
+from ..carnator_core.tolerance import Tolerance
+from .settings import reuse_settings
+from .types import CacheConfig, node_id_of
+
+
+class CarnatorCalibrate(io.ComfyNode):
+    @classmethod
+    def define_schema(cls) -> io.Schema:
+        return io.Schema(
+            node_id="CarnatorCalibrate", display_name="Carnator Calibrate", category="Carnator",
+            description=("Makes the risk budget α a promise on this model: computes prompt pairs in full, "
+                         "reuses each at every depth the gate may choose, labels every reuse by PSNR against "
+                         "the request's own full computation, and writes the calibration the gate loads for "
+                         "this model. Long on a real model (each pair costs about 2 + 7 generations); "
+                         "interrupted, it resumes where it stopped."),
+            inputs=[
+                io.Model.Input("model", tooltip="The model to calibrate, exactly as your workflows load it (LoRAs and patches included)."),
+                io.Latent.Input("latent_image", tooltip="An empty latent of the size and length you generate (smaller is faster)."),
+                io.Clip.Input("clip", optional=True, tooltip="The model's text encoder. Without it the pack's demo text encoder is used (bundled demo models only)."),
+                io.Vae.Input("vae", optional=True, tooltip="Judge reuses on decoded frames. Without it, on the latent. Audits must then get the same VAE."),
+                io.String.Input("prompts", multiline=True, default="",
+                                tooltip="Your own prompts, one per line (pairs are derived from them by rewording, colour and direction edits, objects added or removed); 'A || B' is a pair as given. Empty: a built-in list."),
+                io.Int.Input("pairs", default=60, min=4, max=10000, tooltip="Prompt pairs to measure. Certifying α = 5% needs a few hundred reuses per evidence class."),
+                io.Int.Input("first_seed", default=0, min=0, max=0xFFFFFFFF, tooltip="Pair i runs with seed first_seed + i (both requests of a pair share it)."),
+                io.Int.Input("steps", default=30, min=4, max=1000, tooltip="Steps N, as in your workflows."),
+                io.Float.Input("cfg", default=5.0, min=0.0, max=100.0, step=0.1, round=0.01),
+                io.Combo.Input("sampler_name", options=SAMPLER_NAMES, default="euler"),
+                io.Combo.Input("scheduler", options=SCHEDULER_NAMES, default="simple"),
+                io.Float.Input("psnr_bound", default=30.0, min=5.0, max=80.0, step=0.5,
+                               tooltip="A reuse is beyond tolerance when its PSNR against the request's own full computation is below this (dB)."),
+                io.Boolean.Input("include_audits", default=True, tooltip="Also fit on the live audits this cache holds for the model."),
+                CacheConfig.Input("cache", optional=True, tooltip="Where the calibration is written (the cache the sampler uses)."),
+            ],
+            outputs=[io.String.Output("report", tooltip="Pairs and reuses measured, certified budgets, the held-out check.")],
+            hidden=[io.Hidden.unique_id],
+            is_output_node=True,
+        )
+
+    @classmethod
+    def execute(cls, model, latent_image, prompts, pairs, first_seed, steps, cfg, sampler_name,
+                scheduler, psnr_bound, include_audits, clip=None, vae=None,
+                cache=None) -> io.NodeOutput:
+        folder = (cache or {}).get("folder") or default_cache_folder()
+        settings = reuse_settings(probe_fraction=0.1)  # the samplers' default probe
+        tolerance = Tolerance(psnr_bound, "frames" if vae is not None else "latent")
+        chosen = prompt_pairs.pairs_from_text(prompts, pairs, seed=first_seed)
+        _, report = calibrate_model(model, clip, latent_image, chosen, steps, cfg, sampler_name,
+                                    scheduler, tolerance, folder, settings, vae=vae, seed=first_seed,
+                                    include_audits=include_audits, node_id=node_id_of(cls))
+        text = report_text(report)
+        return io.NodeOutput(text, ui={"text": [text]})

@@ -1,0 +1,197 @@
+"""Issue 11: calibrating on the user's own model, and live audits of its gate.
+
+The calibration and the audits run on the bundled tiny models through ComfyUI's own
+loader; the audit log is a real SQLite file; tightening is driven by synthetic streams
+whose failure rate is known, so the tests say exactly when it must (and must not) happen.
+"""
+import json
+import random
+
+import pytest
+import torch
+
+from carnator_core import audit, prompt_pairs
+from carnator_core.calibration_status import model_status, status_line
+from carnator_core.gate import RiskModel, evidence_class, risk_model_for
+from carnator_core.risk_control import min_accepted
+from carnator_core.self_calibration import Tolerance, calibrate, load_progress, progress_path
+
+PROMPT = "a red ball rolls left across a green field"
+RELATED = "a red ball rolls left across a green field slowly"
+OTHER = {"outside_mean": 0.2, "outside_max": 0.5, "region_fraction": 0.2, "similarity_gap": 0.05,
+         "depth_fraction": 0.5}
+
+
+# ------------------------------------------------------------------ prompt pairs
+def test_prompt_pairs_apply_each_operator_and_keep_given_pairs():
+    got = prompt_pairs.pairs(n=18, seed=3)
+    assert [p["kind"] for p in got[:9]] == list(prompt_pairs.KINDS)
+    assert all(p["a"] != p["b"] for p in got)
+    mirror = next(p for p in got if p["kind"] == "left_right")
+    assert ("left" in mirror["a"]) == ("right" in mirror["b"])
+    assert prompt_pairs.pairs(n=18, seed=3) == got  # deterministic
+    mixed = prompt_pairs.pairs_from_text("a cat || a dog\n# comment\na red car drives to the left", 5)
+    assert mixed[0] == {"a": "a cat", "b": "a dog", "kind": "given", "group": 0}
+    assert len(mixed) == 5 and {p["group"] for p in mixed} == set(range(5))
+    with pytest.raises(ValueError, match="base prompts"):
+        prompt_pairs.pairs(["zzz"], n=20, kinds=("colour",))
+
+
+# ------------------------------------------------------------------ audits
+def test_audits_are_sampled_at_the_set_rate():
+    keys = [f"request-{i}" for i in range(4000)]
+    for rate in (0.02, 0.1, 0.5):
+        n = sum(audit.sampled(rate, k) for k in keys)
+        sd = (4000 * rate * (1 - rate)) ** 0.5
+        assert abs(n - 4000 * rate) < 4 * sd, (rate, n)
+    assert not any(audit.sampled(0.0, k) for k in keys)
+    assert all(audit.sampled(1.0, k) for k in keys)
+    assert [audit.sampled(0.3, k) for k in keys[:50]] == [audit.sampled(0.3, k) for k in keys[:50]]
+
+
+def _record(log, label, alpha=0.05, fp="fpA", calib="c1", features=OTHER):
+    return log.record(fp, calib, alpha, features, 1.0, 10, 20, 25.0 if label else 40.0, label,
+                      "latent")
+
+
+def test_audits_and_levels_survive_a_restart(tmp_path):
+    log = audit.AuditLog(tmp_path)
+    for label in (0, 1, 0):
+        _record(log, label)
+    log.close()
+    again = audit.AuditLog(tmp_path)
+    st = again.status("fpA", "c1")["0.05"]
+    assert st["all"]["audits"] == 3 and st["all"]["failures"] == 1
+    assert st["classes"]["other"]["current"]["audits"] == 3
+    assert again.status("fpB") == {}  # another model's audits are its own
+
+
+@pytest.mark.parametrize("rate,alpha,must_tighten", [(0.25, 0.05, True), (0.0, 0.05, False),
+                                                     (0.01, 0.1, False)])
+def test_tightening_follows_a_stream_with_a_known_failure_rate(tmp_path, rate, alpha, must_tighten):
+    rng = random.Random(0)
+    log = audit.AuditLog(tmp_path)
+    need = min_accepted(alpha, audit.DELTA)
+    tightened_at, failures = None, 0
+    for i in range(1, 301):
+        label = int(rng.random() < rate)
+        failures += label
+        state = _record(log, label, alpha)
+        if state["tightened"]:
+            tightened_at = i
+            break
+        assert state["audits"] == i  # counted at the current level
+    if must_tighten:
+        # the first moment the rule allows: enough audits to certify α, and over α
+        assert tightened_at is not None and tightened_at >= need
+        assert failures > alpha * tightened_at
+        assert log.levels("fpA", "c1", alpha) == {"other": 1}
+        after = _record(log, 0, alpha)
+        assert after["level"] == 1 and after["audits"] == 1  # counting starts afresh
+    else:
+        assert tightened_at is None and log.levels("fpA", "c1", alpha) == {}
+
+
+def test_tightening_walks_down_the_certified_ladder():
+    model = RiskModel(calibrated=True, thresholds={"other": {"0.02": -3.0, "0.05": -2.0, "0.1": -1.0},
+                                                   "same_scene": {"0.05": 0.6}})
+    tight, alpha = audit.tightened(model, 0.05, {"other": 1})
+    assert alpha == 0.05 and tight.threshold_for(0.05, "other") == (0.02, -3.0)
+    assert tight.threshold_for(0.05, "same_scene") == (0.05, 0.6)  # the other class untouched
+    assert audit.tightened(model, 0.05, {"other": 2})[0].threshold_for(0.05, "other") is None
+    assert model.threshold_for(0.05, "other") == (0.05, -2.0)  # the loaded model is not changed
+    assert audit.tightened(RiskModel(), 0.2, {"other": 2}) == (RiskModel(), 0.05)  # the prior: α/4
+
+
+def test_a_sampled_hit_is_audited_and_tightened_levels_reach_the_gate(tiny_models, requests_in):
+    model = tiny_models["wan21"]
+    requests_in.settings.audit_rate = 1.0
+    _, miss = requests_in(model, "wan21", PROMPT)
+    _, hit = requests_in(model, "wan21", RELATED)
+    assert miss.outcome == "miss" and miss.audit is None  # only hits are audited
+    assert hit.outcome == "hit" and hit.audit["audited"], hit.text()
+    assert hit.audit["calls"] == hit.steps_total  # the request computed once more, in full
+    assert hit.audit["audits"] == 1 and "audited: PSNR" in hit.text()
+    log = audit.AuditLog(requests_in.cache_folder)
+    fp = next(iter(json.loads(r[0]) for r in log.db.execute("SELECT features FROM audits")))
+    assert set(fp) >= {"region_fraction", "depth_fraction"}
+    fingerprint = log.db.execute("SELECT fingerprint FROM audits").fetchone()[0]
+    # the audits broke the budget: the prior's α is halved per level until nothing passes
+    log.db.execute("INSERT INTO audit_levels VALUES (?,?,?,?,?,?,?)",
+                   (fingerprint, "prior", requests_in.settings.gate.risk_budget, "other", 30, 0.0, "test"))
+    log.db.execute("INSERT INTO audit_levels VALUES (?,?,?,?,?,?,?)",
+                   (fingerprint, "prior", requests_in.settings.gate.risk_budget, "same_scene", 30, 0.0, "test"))
+    log.close()
+    _, tight = requests_in(model, "wan21", RELATED + " today", seed=7)
+    assert tight.outcome == "miss" and "tightened by live audits" in tight.reason, tight.text()
+    assert "audits at α" in tight.calibration
+
+
+# ------------------------------------------------------------------ calibration on the model
+class Interrupted(Exception):
+    pass
+
+
+def _tiny_runs(model, requests):
+    made = []
+
+    def make_run(prompt, seed):
+        made.append(prompt)
+        return requests.run_obj(model, "wan21", prompt, seed=seed, shape=(1, 16, 3, 8, 8), steps=8)
+    return make_run, made
+
+
+def test_calibration_resumes_after_an_interruption_and_writes_the_gates_file(tiny_models, requests_in, tmp_path):
+    model = tiny_models["wan21"]
+    from carnator_core.comfy_adapter import model_fingerprint
+    fp = model_fingerprint(model)
+    pairs = prompt_pairs.pairs(n=4, seed=0)
+    make_run, made = _tiny_runs(model, requests_in)
+    settings = requests_in.settings
+    tol = Tolerance(30.0, "latent")
+
+    def stop_after_two(done, total):
+        if done == 2:
+            raise Interrupted
+
+    with pytest.raises(Interrupted):
+        calibrate(make_run, pairs, settings, tol, tmp_path, fp, 8, on_pair=stop_after_two)
+    progress = progress_path(tmp_path / "calibration" / f"{fp}.json")
+    assert len(load_progress(progress)) == 2 and not (tmp_path / "calibration" / f"{fp}.json").exists()
+    first = len(made)
+    per_pair = first // 2
+    cal, report = calibrate(make_run, pairs, settings, tol, tmp_path, fp, 8)
+    assert len(made) - first == 2 * per_pair  # only the two pairs not measured yet
+    assert report["pairs"] == 4 and report["measured_reuses"] > 0
+    loaded = risk_model_for(tmp_path, fp)
+    assert loaded.calibrated and loaded.tolerance == {"psnr_bound": 30.0, "space": "latent"}
+    assert loaded.measured_reuses == report["measured_reuses"]
+    made.clear()
+    calibrate(make_run, pairs, settings, tol, tmp_path, fp, 8)
+    assert made == []  # a finished calibration refits without measuring
+    st = model_status(tmp_path, fp)
+    assert st["calibrated"] and st["where"] == "cache"
+    assert "calibrated (" in status_line(st, 0.05)
+
+
+def test_a_calibration_for_another_fingerprint_is_never_used(tmp_path):
+    fitted = RiskModel(calibrated=True, source="fitted elsewhere", measured_reuses=10,
+                       thresholds={"other": {"0.05": -2.0}})
+    (tmp_path / "calibration").mkdir()
+    fitted.save(tmp_path / "calibration" / "fp_other.json")
+    assert risk_model_for(tmp_path, "fp_other").calibrated
+    mine = risk_model_for(tmp_path, "fp_mine")
+    assert not mine.calibrated and not mine.thresholds
+    assert not model_status(tmp_path, "fp_mine")["calibrated"]
+    assert "uncalibrated prior" in status_line(model_status(tmp_path, "fp_mine"))
+
+
+def test_a_latent_psnr_tolerance_labels_by_its_bound():
+    ref = torch.linspace(-1, 1, 1000)
+    from carnator_core.tolerance import psnr
+    assert psnr(ref, ref) == 100.0
+    noisy = ref + 0.02 * torch.randn(1000, generator=torch.Generator().manual_seed(0))
+    assert 35 < psnr(noisy, ref) < 45  # peak 2, rms 0.02 → 40 dB
+    with pytest.raises(ValueError):
+        Tolerance(30, "pixels")
+    assert evidence_class(OTHER) == "other"
