@@ -148,6 +148,10 @@ def fit_and_certify(instances: list[dict], region_threshold: float, delta: float
     """The whole procedure on measured instances: split by pair, fit the ranking on one
     side, certify the thresholds on the other (Learn-then-Test, confidence 1−δ), and check
     the gate's decisions on both. Returns the model (ready to save) and a report."""
+    if not rows_of(instances)[0]:
+        raise ValueError(f"none of the {len(instances)} measured candidate pairs came within the "
+                         f"gate's region limit ({max_region_fraction:.0%} of the tiles), so no reuse "
+                         "could be measured; give prompts closer to each other (or more pairs)")
     train, held = split(instances, holdout)
     if not train or not held:
         raise ValueError(f"{len(instances)} measured pairs cannot be split into a fit and a "

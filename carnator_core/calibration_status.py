@@ -5,15 +5,13 @@ from __future__ import annotations
 from pathlib import Path
 
 from . import audit
-from .gate import BUNDLED_CALIBRATION, RiskModel, risk_model_for
+from .gate import RiskModel, risk_model_for
 
 
 def model_status(cache_folder: str | Path, fingerprint: str) -> dict:
     """The gate's calibration and audits for one model fingerprint."""
     folder = Path(cache_folder)
-    where = next((name for name, base in (("cache", folder / "calibration"),
-                                          ("bundled with the pack", BUNDLED_CALIBRATION))
-                  if (base / f"{fingerprint}.json").is_file()), None)
+    where = "cache" if (folder / "calibration" / f"{fingerprint}.json").is_file() else None
     try:
         model, problem = risk_model_for(folder, fingerprint), None
     except ValueError as e:
@@ -59,7 +57,7 @@ def status_line(status: dict, alpha: float | None = None) -> str:
         tol = status["tolerance"] or {}
         line = (f"gate: calibrated ({status['measured_reuses']:,} reuses measured"
                 + (f", PSNR on {tol.get('space')} ≥ {tol.get('psnr_bound'):g} dB" if tol else "")
-                + f"; {status['where']})")
+                + ")")
     a = status["audits"].get(f"{alpha:g}") if alpha is not None else None
     if a:
         al = a["all"]

@@ -529,14 +529,14 @@ def latent_rgb_factors(latent_format: str) -> tuple[torch.Tensor, torch.Tensor |
 
 def run_request(model, positive, negative, latent: dict, seed: int, steps: int, cfg: float,
                 sampler_name: str, scheduler: str, settings, cache_config: dict | None = None,
-                seed_policy: str = "same_seed", label: str = ""):
+                seed_policy: str = "same_seed", label: str = "", vae=None):
     """The whole flow in one call (what CarnatorSampler does): for scripts and benchmarks.
 
     Returns (latent samples, Summary); the Summary also carries ``lookup_message``.
     """
     from . import pipeline
     pr = start_request(model, positive, negative, latent, seed, steps, cfg, sampler_name,
-                       scheduler, settings, cache_config, seed_policy, label)
+                       scheduler, settings, cache_config, seed_policy, label, vae=vae)
     plan, found = pipeline.lookup_and_gate(pr)
     samples, summary = pipeline.reuse(pr, plan)
     summary.lookup_message = found.message

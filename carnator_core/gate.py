@@ -156,7 +156,9 @@ class RiskModel:
         if form not in ("linear", "interaction"):
             raise ValueError(f"unknown risk model form {form!r}")
         fit_form = cls._fit_linear if form == "linear" else cls._fit_interaction
-        return fit_form(rows, labels, region_threshold, iters, lr, l2)
+        # ComfyUI runs nodes under inference mode; the fit needs gradients
+        with torch.inference_mode(False), torch.enable_grad():
+            return fit_form(rows, labels, region_threshold, iters, lr, l2)
 
     @classmethod
     def _fit_interaction(cls, rows, labels, region_threshold, iters, lr, l2) -> "RiskModel":
@@ -215,18 +217,12 @@ def _logistic(x: torch.Tensor, y: torch.Tensor, l2: float, iters: int, lr: float
         return weights().detach().clone(), float(b.detach())
 
 
-# Calibrations shipped with the pack for its bundled demo models (models/calibration/).
-BUNDLED_CALIBRATION = Path(__file__).resolve().parent.parent / "models" / "calibration"
-
-
 def risk_model_for(cache_folder: str | Path, model_fingerprint: str) -> RiskModel:
-    """The calibrated risk model for this model if one was fitted (the cache's own first,
-    then one shipped with the pack), else the default prior. A file is found by the model's
-    fingerprint only, so another model's calibration is never used."""
-    for folder in (Path(cache_folder) / "calibration", BUNDLED_CALIBRATION):
-        path = folder / f"{model_fingerprint}.json"
-        if path.is_file():
-            return RiskModel.load(path)
+    """The calibrated risk model for this model if one was fitted, else the default prior.
+    A file is found by the model's fingerprint only: another model's is never used."""
+    path = Path(cache_folder) / "calibration" / f"{model_fingerprint}.json"
+    if path.is_file():
+        return RiskModel.load(path)
     return RiskModel()
 
 

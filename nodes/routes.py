@@ -307,6 +307,21 @@ async def get_stats(request: web.Request) -> web.Response:
     return web.json_response(await asyncio.to_thread(stats))
 
 
+@json_errors
+async def get_calibration(request: web.Request) -> web.Response:
+    """Per model in this cache: calibrated or not, from what, and the live audits against α."""
+    def status() -> dict[str, Any]:
+        from ..carnator_core.calibration_status import known_fingerprints, model_status
+        cache = open_cache()
+        seen = [r.get("model_fingerprint") for r in cache.list_entries(0, 1000)]
+        models = [model_status(cache.folder, fp) for fp in known_fingerprints(cache.folder, [f for f in seen if f])]
+        for m in models:  # what the page shows next to each model: its latest entry's prompt
+            m["example"] = next((r.get("prompt") for r in cache.list_entries(0, 1000)
+                                 if r.get("model_fingerprint") == m["fingerprint"]), None)
+        return {"models": models}
+    return web.json_response(await asyncio.to_thread(status))
+
+
 async def not_found(request: web.Request) -> web.Response:
     return error_response(404, f"no Carnator route {request.method} {request.path}")
 
@@ -320,6 +335,7 @@ def add_routes(routes: web.RouteTableDef) -> None:
     routes.delete(entry)(delete_entry)
     routes.post(PREFIX + "/clear")(post_clear)
     routes.get(PREFIX + "/stats")(get_stats)
+    routes.get(PREFIX + "/calibration")(get_calibration)
     # anything else under /carnator/ (odd ids with slashes, traversal attempts): JSON 404
     routes.route("*", PREFIX + "/{tail:.*}")(not_found)
 

@@ -198,6 +198,48 @@ def novel(n_sessions=24, edits=6, seed=4004):
     return lines
 
 
+def drift(n_sessions=70, edits=9, seed=5005):
+    """Editing sessions mixing iterate's edits with the novel edit kinds the calibration
+    never saw, and paraphrases between them: the stream of the live-audit benchmark
+    (bench/audit_stream.py), long enough for audits to accumulate."""
+    rng = random.Random(seed)
+    lines = []
+    for sess in range(n_sessions):
+        scene = WD.random_scene(rng, 1 if sess % 2 == 0 else 2)
+        req_seed, speed = 1_100_000 + sess, None
+        prompt = WD.caption(scene, canonical=True)
+        lines.append({"prompt": prompt, "seed": req_seed, "seed_policy": "same_seed",
+                      "session": sess, "edit": "start"})
+        for _ in range(edits):
+            two = len(scene["objects"]) == 2
+            kind = rng.choice(["flip", "synonym", "two_attributes", "add_remove", "speed_word"]
+                              + (["object_change", "colour_swap"] if two else []))
+            if kind == "speed_word":
+                prompt, speed = _with_speed(prompt, rng, speed)
+            elif kind == "synonym":
+                prompt, speed = WD.caption(scene, rng), None
+            else:
+                if kind == "flip":
+                    scene, what = _flip(scene, rng)
+                    kind = f"flip_{what}"
+                elif kind == "object_change":
+                    scene, what = _change_one(scene, rng)
+                    kind = f"object_change_{what}"
+                elif kind == "colour_swap":
+                    scene = _copy(scene)
+                    a, b = scene["objects"]
+                    a["colour"], b["colour"] = b["colour"], a["colour"]
+                elif kind == "two_attributes":
+                    scene, what = _two_attributes(scene, rng)
+                    kind = f"two_attributes_{what}"
+                else:
+                    scene, kind = _add_or_remove(scene, rng)
+                prompt, speed = WD.caption(scene, canonical=True), None
+            lines.append({"prompt": prompt, "seed": req_seed, "seed_policy": "same_seed",
+                          "session": sess, "edit": kind})
+    return lines
+
+
 def edit_chains(n_pairs=120, seed=3030, first_group=0, exclude=()):
     """Pairs two or three of iterate's edits apart (flip, synonym, one-of-two object change):
     what an editing session offers once only the trajectories computed in full are reuse
@@ -280,6 +322,7 @@ def main(argv=None):
     write("serve", sv, a.out)
     write("novel", nv, a.out)
     write("calibration", cal, a.out)
+    write("drift", drift(), a.out)
 
 
 if __name__ == "__main__":

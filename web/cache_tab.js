@@ -51,6 +51,7 @@ class CachePanel {
     this.entries = [];
     this.total = 0;
     this.stats = null;
+    this.calibration = [];
     this.confirmingClear = false;
     this.loading = false;
     this.error = "";
@@ -85,13 +86,15 @@ class CachePanel {
     this.render();
     try {
       const count = Math.min(Math.max(this.entries.length, PAGE_SIZE), 200);
-      const [page, stats] = await Promise.all([
+      const [page, stats, calibration] = await Promise.all([
         this.call(`/carnator/entries?offset=0&limit=${count}`),
         this.call("/carnator/stats"),
+        this.call("/carnator/calibration"),
       ]);
       this.entries = page.entries;
       this.total = page.total;
       this.stats = stats;
+      this.calibration = calibration.models ?? [];
       this.error = "";
     } catch (e) {
       this.error = `Could not read the cache: ${e.message}`;
@@ -165,9 +168,36 @@ class CachePanel {
   render() {
     if (!this.root) return;
     const scroll = this.root.querySelector(".carnator-entries")?.scrollTop ?? 0;
-    this.root.replaceChildren(this.header(), this.totals(), this.clearBar(), this.list());
+    this.root.replaceChildren(this.header(), this.totals(), this.gates(), this.clearBar(), this.list());
     const list = this.root.querySelector(".carnator-entries");
     if (list) list.scrollTop = scroll;
+  }
+
+  // Per model: is α a promise here (calibrated), and what live audits measured against it.
+  gates() {
+    const rows = this.calibration.map((m) => {
+      const tol = m.tolerance;
+      const what = m.problem ? `calibration unusable: ${m.problem}`
+        : m.calibrated ? `calibrated: ${m.measured_reuses.toLocaleString()} reuses measured` +
+          (tol ? `, PSNR on ${tol.space} ≥ ${tol.psnr_bound} dB` : "")
+          : "uncalibrated prior: α is a relative knob (run Carnator Calibrate)";
+      const audits = Object.values(m.audits ?? {}).map((a) => {
+        const all = a.all;
+        const levels = Object.entries(a.classes).filter(([, c]) => c.level > 0)
+          .map(([k, c]) => `${k.replace("_", "-")} tightened ×${c.level}`);
+        const pct = (x) => `${(100 * x).toFixed(1)}%`;
+        return el("div", { class: "carnator-audit" + (all.rate > a.alpha ? " carnator-audit-over" : "") },
+          `α ${pct(a.alpha)}: ${all.failures} of ${all.audits} audits beyond tolerance` +
+          (all.audits ? ` (${pct(all.rate)}, 90% interval ${pct(all.lower)}–${pct(all.upper)})` : "") +
+          (levels.length ? ` · ${levels.join(", ")}` : ""));
+      });
+      return el("div", { class: "carnator-gate", dataset: { fingerprint: m.fingerprint } },
+        el("div", { class: "carnator-gate-model", title: m.example ? `e.g. “${m.example}”` : "" },
+          `model ${m.fingerprint.slice(0, 8)}`),
+        el("div", { class: m.calibrated ? "carnator-gate-calibrated" : "carnator-gate-prior" }, what),
+        audits.length ? audits : el("div", { class: "carnator-audit" }, "no live audits yet (audit_rate on the sampler)"));
+    });
+    return el("div", { class: "carnator-gates" }, rows.length ? [el("h4", {}, "Gate calibration"), ...rows] : []);
   }
 
   header() {

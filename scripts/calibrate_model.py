@@ -1,0 +1,116 @@
+"""Calibrate Carnator's gate on a model from the command line (what the Carnator Calibrate
+node does, for long runs outside the UI). Resumable: run the same command again after an
+interruption and it continues.
+
+    .venv/bin/python scripts/calibrate_model.py --model /path/wan2.1_t2v_1.3B.safetensors \\
+        --clip /path/umt5_xxl.safetensors --clip-type wan --vae /path/wan_2.1_vae.safetensors \\
+        --latent 16x5x60x104 --steps 30 --cfg 5 --pairs 200 --prompts my_prompts.txt \\
+        --cache /path/ComfyUI/user/carnator_cache
+
+    .venv/bin/python scripts/calibrate_model.py --demo-models      # the bundled tiny models
+                                                                   # → models/calibration/
+
+``--latent`` is the latent's C×T×H×W (a Wan 2.1 832×480×17 video is 16×5×60×104); smaller is
+faster, but calibrate near the size you generate. Without --clip the pack's demo text
+encoder is used (bundled demo models only); without --vae reuses are judged on the latent.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT))
+
+# The demo models: calibrated at the example workflows' steps and cfg, on a small latent (the
+# calibration file is keyed by the model alone; the depth rule works in shares of N).
+DEMO = {"wan21": "16x3x16x16", "hunyuan_video": "16x3x16x16", "ltxv": "128x3x8x8"}
+DEMO_STEPS, DEMO_CFG, DEMO_PAIRS = 12, 4.0, 30
+
+
+def calibrate_one(model_path: str, latent: str, steps: int, cfg: float, pairs: int,
+                  prompts: str, cache: str, clip=None, vae=None, psnr_bound: float = 30.0,
+                  sampler: str = "euler", scheduler: str = "simple", seed: int = 0) -> dict:
+    import comfy.sd
+    import torch
+    from carnator_core import prompt_pairs
+    from carnator_core.comfy_adapter import calibrate_model
+    from carnator_core.pipeline import ReuseSettings
+    from carnator_core.self_calibration import report_text
+    from carnator_core.tolerance import Tolerance
+    model = comfy.sd.load_diffusion_model(model_path)
+    shape = (1,) + tuple(int(x) for x in latent.lower().split("x"))
+    chosen = prompt_pairs.pairs_from_text(prompts, pairs, seed=seed)
+    t0 = time.time()
+
+    def progress():
+        print(f"  {model_path}: calibrating {len(chosen)} pairs …", flush=True)
+    progress()
+    _, report = calibrate_model(model, clip, {"samples": torch.zeros(shape)}, chosen, steps, cfg,
+                                sampler, scheduler, Tolerance(psnr_bound, "frames" if vae else "latent"),
+                                cache, ReuseSettings(probe_fraction=0.1), vae=vae, seed=seed)
+    print(report_text(report))
+    print(f"  {time.time() - t0:.0f} s")
+    return report
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model")
+    ap.add_argument("--clip", nargs="*", default=None, help="text encoder file(s) for comfy.sd.load_clip")
+    ap.add_argument("--clip-type", default="wan", help="CLIPType name (wan, hunyuan_video, ltxv, …)")
+    ap.add_argument("--vae", default=None)
+    ap.add_argument("--latent", default="16x3x16x16", help="C×T×H×W of the empty latent")
+    ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--cfg", type=float, default=5.0)
+    ap.add_argument("--sampler", default="euler")
+    ap.add_argument("--scheduler", default="simple")
+    ap.add_argument("--pairs", type=int, default=60)
+    ap.add_argument("--prompts", default=None, help="a text file: one prompt per line, or 'A || B' pairs")
+    ap.add_argument("--psnr-bound", type=float, default=30.0)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--cache", default=None, help="the Carnator cache folder (default: ComfyUI's)")
+    ap.add_argument("--demo-models", action="store_true",
+                    help="calibrate the three bundled tiny models into models/calibration/")
+    a = ap.parse_args()
+    from comfy_host import import_comfy
+    import_comfy()
+    prompts = Path(a.prompts).read_text() if a.prompts else ""
+    if a.demo_models:
+        out = ROOT / "models" / "calibration"
+        summary = {}
+        for backbone, latent in DEMO.items():
+            path = str(ROOT / "models" / "tiny" / f"carnator_tiny_{backbone}.safetensors")
+            # the cache folder's calibration/ subfolder is where files land: use models/ itself
+            rep = calibrate_one(path, latent, DEMO_STEPS, DEMO_CFG, DEMO_PAIRS, prompts, str(out.parent))
+            summary[backbone] = {"fingerprint": rep["model_fingerprint"], "pairs": rep["pairs"],
+                                 "measured_reuses": rep["measured_reuses"],
+                                 "exceeded_tolerance": rep["exceeded_tolerance"],
+                                 "thresholds": rep["thresholds"], "heldout": rep["heldout"]}
+        (out / "demo_models.json").write_text(json.dumps(summary, indent=1) + "\n")
+        return 0
+    if not a.model:
+        ap.error("--model (or --demo-models) is required")
+    import comfy.sd
+    clip = None
+    if a.clip:
+        clip = comfy.sd.load_clip(ckpt_paths=a.clip, clip_type=getattr(comfy.sd.CLIPType, a.clip_type.upper()))
+    vae = None
+    if a.vae:
+        import comfy.utils
+        vae = comfy.sd.VAE(sd=comfy.utils.load_torch_file(a.vae))
+    cache = a.cache
+    if cache is None:
+        from carnator_core.comfy_adapter import default_cache_folder
+        cache = default_cache_folder()
+    calibrate_one(a.model, a.latent, a.steps, a.cfg, a.pairs, prompts, cache, clip, vae, a.psnr_bound,
+                  a.sampler, a.scheduler, a.seed)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

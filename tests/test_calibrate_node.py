@@ -1,0 +1,58 @@
+"""Carnator Calibrate in the real ComfyUI server: the example workflow's node calibrates the
+model it is given, the sampler then reports its gate as calibrated, and the cache tab's
+route lists it (issue 11)."""
+import copy
+import json
+from pathlib import Path
+
+from server_harness import ComfyServer, carnator_outputs
+
+REPO = Path(__file__).resolve().parent.parent
+BASE = "a red ball rolls left across a green field"
+PAIRS = "\n".join(f"{BASE} || {BASE} {word}" for word in ("slowly", "gently", "today", "again", "now"))
+
+
+def calibrate_workflow() -> dict:
+    wf = json.loads((REPO / "workflows" / "api" / "carnator_wan21_calibrate.api.json").read_text())
+    wf = copy.deepcopy(wf)
+    wf["4"]["inputs"].update(width=64, height=64, length=5)
+    wf["5"]["inputs"].update(prompts=PAIRS, pairs=5, steps=8)
+    return wf
+
+
+def sampler_workflow(prompt: str, seed: int, audit_rate: float = 0.0) -> dict:
+    wf = json.loads((REPO / "workflows" / "api" / "carnator_wan21_sampler.api.json").read_text())
+    wf["2"]["inputs"]["text"] = prompt
+    wf["4"]["inputs"].update(width=64, height=64, length=5)
+    wf["5"]["inputs"].update(seed=seed, steps=8, label=prompt, audit_rate=audit_rate, risk_budget=0.5)
+    return wf
+
+
+def test_calibrate_node_writes_the_calibration_the_sampler_then_uses(tmp_path):
+    with ComfyServer(tmp_path) as server:
+        history = server.run(calibrate_workflow(), timeout=900)
+        report = history["outputs"]["5"]["text"][0]
+        assert "5 prompt pairs" in report and "reuses measured" in report, report
+        files = sorted(p.name for p in (server.cache_dir / "calibration").iterdir())
+        fingerprint = next(n[:-5] for n in files if n.endswith(".json") and n.count(".") == 1)
+        assert f"{fingerprint}.progress.jsonl" in files and f"{fingerprint}.report.json" in files
+        saved = json.loads((server.cache_dir / "calibration" / f"{fingerprint}.json").read_text())
+        assert saved["calibrated"] and saved["tolerance"] == {"psnr_bound": 30.0, "space": "latent"}
+
+        # the same model through the sampler: its gate is the calibrated one, and says so
+        first = carnator_outputs(server.run(sampler_workflow(BASE, 11)))[0]
+        assert first["outcome"] == "miss"
+        assert f"gate: calibrated ({saved['measured_reuses']:,} reuses measured" in first["text"]
+
+        listed = server.get("/carnator/calibration")["models"]
+        mine = next(m for m in listed if m["fingerprint"] == fingerprint)
+        assert mine["calibrated"] and mine["measured_reuses"] == saved["measured_reuses"]
+        assert mine["example"] == BASE
+
+        # run again: the finished calibration refits from its measurements (no new pairs)
+        progress = (server.cache_dir / "calibration" / f"{fingerprint}.progress.jsonl").read_text()
+        wf = calibrate_workflow()
+        wf["5"]["inputs"]["include_audits"] = False  # a changed input, so ComfyUI runs the node again
+        again = server.run(wf, timeout=900)["outputs"]["5"]["text"][0]
+        assert "5 prompt pairs" in again
+        assert (server.cache_dir / "calibration" / f"{fingerprint}.progress.jsonl").read_text() == progress
