@@ -10,12 +10,15 @@ A plain KSampler run of the same size per backbone gives the miss overhead (wall
 
 The tiny models have random weights: this shows the mechanics and the step savings at a
 size where the model dominates the time, not output quality (see the benchmark issues).
+Their gates run calibrated: models/calibration/ holds each model's calibration by the generic
+procedure (scripts/calibrate_model.py --demo-models), copied into the demo's cache folder.
 """
 from __future__ import annotations
 
 import argparse
 import copy
 import json
+import re
 import shutil
 import sys
 import time
@@ -67,6 +70,12 @@ def main() -> int:
     work = out / "demo"
     shutil.rmtree(work, ignore_errors=True)  # a fresh cache: the first request must miss
     rows = []
+    calibrations = ROOT / "models" / "calibration"
+    target = work / "user" / "carnator_cache" / "calibration"
+    target.mkdir(parents=True)
+    for f in calibrations.glob("*.json"):
+        if f.stem.count(".") == 0:  # the calibration files, not their reports
+            shutil.copy(f, target / f.name)
     print(f"starting ComfyUI (headless, CPU) in {work} ...", flush=True)
     with ComfyServer(work) as server:
         for backbone in args.backbones:
@@ -92,6 +101,7 @@ def main() -> int:
                     "seconds": round(summary["seconds"], 3), "wall_seconds": round(wall, 3),
                     "speedup_vs_first": round(miss_seconds / max(summary["seconds"], 1e-6), 2),
                     "risk": summary["risk"], "entry_id": summary["entry_id"],
+                    "gate": gate_words(summary.get("calibration", "")),
                     "ksampler_wall_seconds": round(ksampler_wall, 3)})
                 print_row(rows[-1], header=len(rows) == 1)
     for r in rows:
@@ -107,14 +117,22 @@ def main() -> int:
     return 0
 
 
+def gate_words(line: str) -> str:
+    """'calibrated (N reuses measured)' or 'uncalibrated prior', from the summary's line."""
+    found = re.search(r"gate: calibrated \(([\d,]+ reuses measured)", line)
+    if found:
+        return f"calibrated ({found.group(1)})"
+    return "uncalibrated prior" if "uncalibrated" in line else (line or "—")
+
+
 def print_row(r: dict, header: bool) -> None:
     if header:
         print(f"\n{'backbone':14} {'request':15} {'outcome':7} {'k*':>3} {'steps':>7} "
-              f"{'seconds':>8} {'speedup':>8}  prompt")
+              f"{'seconds':>8} {'speedup':>8}  {'gate':34} prompt")
     k = "" if r["reuse_step"] is None else r["reuse_step"]
     print(f"{r['backbone']:14} {r['request']:15} {r['outcome'].upper():7} {k:>3} "
           f"{r['steps_computed']:>3}/{r['steps_total']:<3} {r['seconds']:8.2f} "
-          f"{r['speedup_vs_first']:7.2f}x  {r['prompt']}", flush=True)
+          f"{r['speedup_vs_first']:7.2f}x  {r['gate']:34} {r['prompt']}", flush=True)
 
 
 if __name__ == "__main__":

@@ -32,6 +32,7 @@ PROMPT = "a red ball rolls left across a green field"
 RELATED = "a red ball rolls left across a green field slowly"
 SAMPLER_NODE, PROMPT_NODE, PROBE_NODE = 8, 2, 5
 SPARSE_WIDGETS = ["sparse_attention", "keep_mass", "min_density", "refresh_every", "sparse_on_miss"]
+AUDIT_WIDGETS = ["audit_rate"]
 RUN_TIMEOUT_MS = 240_000
 
 _reason = unavailable_reason()
@@ -215,7 +216,7 @@ def test_miss_then_hit_on_the_node_and_the_cache_tab(tmp_path):
                 " return [Object.keys(p.output[id].inputs), p.workflow.nodes.find((n) => n.id == id).widgets_values ?? []]; }",
                 SAMPLER_NODE)
             ui_node = next(n for n in json.loads(WORKFLOW.read_text())["nodes"] if n["id"] == SAMPLER_NODE)
-            assert sorted(sent) == sorted(["plan"] + SPARSE_WIDGETS), (sent, saved)
+            assert sorted(sent) == sorted(["plan"] + SPARSE_WIDGETS + AUDIT_WIDGETS), (sent, saved)
             assert saved == ui_node["widgets_values"], (sent, saved)  # no status value saved
             screenshot_nodes(page, [6, 7, SAMPLER_NODE, 9], OUTPUT / "03-node-status.png")
 
@@ -232,6 +233,10 @@ def test_miss_then_hit_on_the_node_and_the_cache_tab(tmp_path):
             assert sorted(prompts) == sorted([PROMPT, RELATED])
             totals = page.locator(".carnator-totals").inner_text()
             assert "2 entries" in totals and "hit rate 50%" in totals, totals
+            # the gate panel: this model runs the uncalibrated prior, and says what to do
+            gate = page.locator(".carnator-gate").first.inner_text()
+            assert "uncalibrated prior" in gate and "Carnator Calibrate" in gate, gate
+            assert "no live audits yet" in gate, gate
             page.screenshot(path=str(OUTPUT / "04-cache-tab.png"))
 
             # delete the first request's entry with its button
