@@ -11,7 +11,12 @@ bench/workloads/calibration.jsonl, standing in for "the user's own prompt list";
 tiny world's pair kinds, generator or checker), labels by PSNR of the decoded frames against
 the request's own full computation (``--psnr-bound``, 30 dB as the benchmark's). Writes the
 calibration file to bench/results/self_calibration/<fingerprint>.json and its report beside
-it; ``bench/tinyworld.py --risk-model`` that file measures it on the workloads.
+it. ``--evaluate WORKLOAD`` then serves a workload through the real pipeline with this
+calibration and with the checker-based one side by side (same process, same references) and
+writes bench/results/self_calibration/evaluation.<workload>.json:
+
+    nice .venv/bin/python bench/self_calibrate.py --evaluate iterate &
+    nice .venv/bin/python bench/self_calibrate.py --evaluate serve; wait
 """
 from __future__ import annotations
 
@@ -52,7 +57,13 @@ def main(argv=None) -> dict:
     ap.add_argument("--shard", default=None, metavar="I/N", help="measure only pairs i, i+N, …")
     ap.add_argument("--out", default=OUT)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--evaluate", default=None, metavar="WORKLOAD",
+                    help="measure the fitted calibration against the checker-based one on a workload")
+    ap.add_argument("--budgets", type=float, nargs="+", default=[0.02, 0.05, 0.1])
+    ap.add_argument("--limit", type=int, default=None)
     a = ap.parse_args(argv)
+    if a.evaluate:
+        return evaluate(a)
 
     from calibrate import _load_bench
     bench = _load_bench()
@@ -104,6 +115,46 @@ def main(argv=None) -> dict:
               f"(upper95 {v['false_accept_upper95']:.1%})")
     print(f"wrote {os.path.join(a.out, fp + '.json')}")
     return report
+
+
+def evaluate(a) -> dict:
+    """Carnator with the generic calibration and with the checker-based one, per budget."""
+    import tempfile
+    from calibrate import _load_bench
+    bench = _load_bench()
+    from carnator_core.pipeline import ReuseSettings
+    world = bench.World(bench.DEFAULT_MODEL, steps=a.steps, cfg=a.cfg, threads=a.threads)
+    fp = world.fingerprint
+    models = {"generic": os.path.join(a.out, f"{fp}.json"), "checker": bench.default_risk_model(fp)}
+    name, lines = bench.load_workload(a.evaluate, a.limit)
+    settings = ReuseSettings(probe_fraction=0.1)
+    t0 = time.time()
+    print(f"[{name}] {len(lines)} requests: reference …", flush=True)
+    refs = bench.run_reference(world, lines, settings.snapshot_steps(a.steps), settings.probe_steps(a.steps))
+    out = {"workload": name, "psnr_bound": a.psnr_bound, "steps": a.steps,
+           "risk_models": {k: os.path.relpath(v, REPO) for k, v in models.items()}, "budgets": {}}
+    workdir = tempfile.mkdtemp(prefix="carnator_selfcal_")
+    try:
+        for b in a.budgets:
+            for label, path in models.items():
+                print(f"[{name}] α={b:g} {label} calibration …", flush=True)
+                m, _ = bench.run_carnator(world, lines, refs, b, path, a.psnr_bound, False,
+                                          os.path.join(workdir, label), settings.region_fill_calls)
+                out["budgets"].setdefault(f"{b:g}", {})[label] = m
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    out["seconds"] = round(time.time() - t0, 1)
+    path = os.path.join(a.out, f"evaluation.{name}.json")
+    with open(path, "w") as f:
+        json.dump(out, f, indent=1)
+    print(f"{'α':>5} {'calibration':12} {'hit rate':>9} {'FA rate':>8} {'FA 95% CI':>15} {'hit steps×':>10} {'PSNR hits':>9}")
+    for b, row in out["budgets"].items():
+        for label, m in row.items():
+            ci = m["false_accept_ci95"] or [0, 0]
+            print(f"{b:>5} {label:12} {m['hit_rate']:9.1%} {m['false_accept_rate']:8.1%} "
+                  f"{ci[0]:6.1%}–{ci[1]:6.1%} {m['steps_speedup_hits'] or 0:10.2f} {m['psnr_hits_mean'] or 0:9.1f}")
+    print(f"wrote {path}")
+    return out
 
 
 if __name__ == "__main__":
