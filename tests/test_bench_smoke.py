@@ -45,3 +45,32 @@ def test_real_size_costs_benchmark_runs_small(tmp_path):
             "hit_unpack_per_step"} <= set(r["phases"])
     assert r["entry_bytes"] > 0 and r["connectivity_bytes"] > 0
     assert r["entry_bytes_by_format"]["int8"] < r["entry_bytes_by_format"]["float32"]
+
+
+def test_self_calibration_benchmark_smoke(tmp_path):
+    """The generic calibration on the tiny world: measure a shard, fit, evaluate — a few pairs."""
+    out = tmp_path / "selfcal"
+    run(["bench/self_calibrate.py", "--pairs", "9", "--shard", "0/1", "--out", str(out)])
+    assert len((out / "progress.0-of-1.jsonl").read_text().splitlines()) == 9
+    printed = run(["bench/self_calibrate.py", "--pairs", "9", "--out", str(out)])
+    report = json.loads((out / "report.json").read_text())
+    assert report["pairs"] == 9 and report["measured_reuses"] > 0 and "reuses" in printed
+    assert report["tolerance"] == {"psnr_bound": 30.0, "space": "frames"}
+    model_file = next(p for p in out.glob("*.json") if p.name != "report.json")
+    assert json.loads(model_file.read_text())["calibrated"]
+    run(["bench/self_calibrate.py", "--evaluate", "serve", "--limit", "6", "--budgets", "0.05",
+         "--out", str(out)])
+    ev = json.loads((out / "evaluation.serve.json").read_text())
+    assert set(ev["budgets"]["0.05"]) == {"generic", "checker"}
+    assert ev["budgets"]["0.05"]["generic"]["requests"] == 6
+
+
+def test_audit_stream_benchmark_smoke(tmp_path):
+    """Every hit audited on a short stretch of the drift stream: audits happen and are counted."""
+    target = tmp_path / "audit_stream.json"
+    run(["bench/audit_stream.py", "--limit", "12", "--audit-rate", "1", "--out", str(target)])
+    r = json.loads(target.read_text())
+    assert r["audits_on"]["gate_hits"] > 0
+    assert r["audits"] == r["audits_on"]["gate_hits"] == len(r["running"])  # every hit audited
+    assert r["running"][-1]["audits"] >= 1 and (tmp_path / "audit_stream.png").is_file()
+    assert r["audits_off"]["requests"] == 12
