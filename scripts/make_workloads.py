@@ -165,79 +165,60 @@ def _with_speed(prompt, rng, old=None):
     return prompt + f" {word}", word
 
 
-def novel(n_sessions=24, edits=6, seed=4004):
+def _apply_edit(kind, scene, prompt, speed, rng):
+    """One session edit: (scene, prompt, speed word, edit name). A speed word or a synonym
+    keeps the scene; anything else re-captions it canonically."""
+    if kind == "speed_word":
+        prompt, speed = _with_speed(prompt, rng, speed)
+        return scene, prompt, speed, kind
+    if kind == "synonym":
+        return scene, WD.caption(scene, rng), None, kind
+    if kind == "colour_swap":
+        scene = _copy(scene)
+        a, b = scene["objects"]
+        a["colour"], b["colour"] = b["colour"], a["colour"]
+        edit = kind
+    elif kind in ("flip", "object_change", "two_attributes"):
+        change = {"flip": _flip, "object_change": _change_one, "two_attributes": _two_attributes}[kind]
+        scene, what = change(scene, rng)
+        edit = f"{kind}_{what}"
+    else:
+        scene, edit = _add_or_remove(scene, rng)
+    return scene, WD.caption(scene, canonical=True), None, edit
+
+
+def _sessions(n_sessions, edits, seed, first_seed, kinds_for):
+    """Editing sessions (one or two objects, alternating), each edit drawn from
+    ``kinds_for(scene)``, all requests of a session on one seed."""
     rng = random.Random(seed)
     lines = []
     for sess in range(n_sessions):
         scene = WD.random_scene(rng, 1 if sess % 2 == 0 else 2)
-        req_seed, speed = 400_000 + sess, None
+        req_seed, speed = first_seed + sess, None
         prompt = WD.caption(scene, canonical=True)
         lines.append({"prompt": prompt, "seed": req_seed, "seed_policy": "same_seed",
                       "session": sess, "edit": "start"})
         for _ in range(edits):
-            kinds = ["two_attributes", "add_remove", "speed_word"] + (
-                ["colour_swap"] if len(scene["objects"]) == 2 else [])
-            kind = rng.choice(kinds)
-            if kind == "speed_word":
-                prompt, speed = _with_speed(prompt, rng, speed)
-                edit = "speed_word"
-            else:
-                if kind == "colour_swap":
-                    scene = _copy(scene)
-                    a, b = scene["objects"]
-                    a["colour"], b["colour"] = b["colour"], a["colour"]
-                    edit = "colour_swap"
-                elif kind == "two_attributes":
-                    scene, what = _two_attributes(scene, rng)
-                    edit = f"two_attributes_{what}"
-                else:
-                    scene, edit = _add_or_remove(scene, rng)
-                prompt, speed = WD.caption(scene, canonical=True), None
+            kind = rng.choice(kinds_for(scene))
+            scene, prompt, speed, edit = _apply_edit(kind, scene, prompt, speed, rng)
             lines.append({"prompt": prompt, "seed": req_seed, "seed_policy": "same_seed",
                           "session": sess, "edit": edit})
     return lines
+
+
+def novel(n_sessions=24, edits=6, seed=4004):
+    return _sessions(n_sessions, edits, seed, 400_000, lambda scene: (
+        ["two_attributes", "add_remove", "speed_word"]
+        + (["colour_swap"] if len(scene["objects"]) == 2 else [])))
 
 
 def drift(n_sessions=70, edits=9, seed=5005):
     """Editing sessions mixing iterate's edits with the novel edit kinds the calibration
     never saw, and paraphrases between them: the stream of the live-audit benchmark
     (bench/audit_stream.py), long enough for audits to accumulate."""
-    rng = random.Random(seed)
-    lines = []
-    for sess in range(n_sessions):
-        scene = WD.random_scene(rng, 1 if sess % 2 == 0 else 2)
-        req_seed, speed = 1_100_000 + sess, None
-        prompt = WD.caption(scene, canonical=True)
-        lines.append({"prompt": prompt, "seed": req_seed, "seed_policy": "same_seed",
-                      "session": sess, "edit": "start"})
-        for _ in range(edits):
-            two = len(scene["objects"]) == 2
-            kind = rng.choice(["flip", "synonym", "two_attributes", "add_remove", "speed_word"]
-                              + (["object_change", "colour_swap"] if two else []))
-            if kind == "speed_word":
-                prompt, speed = _with_speed(prompt, rng, speed)
-            elif kind == "synonym":
-                prompt, speed = WD.caption(scene, rng), None
-            else:
-                if kind == "flip":
-                    scene, what = _flip(scene, rng)
-                    kind = f"flip_{what}"
-                elif kind == "object_change":
-                    scene, what = _change_one(scene, rng)
-                    kind = f"object_change_{what}"
-                elif kind == "colour_swap":
-                    scene = _copy(scene)
-                    a, b = scene["objects"]
-                    a["colour"], b["colour"] = b["colour"], a["colour"]
-                elif kind == "two_attributes":
-                    scene, what = _two_attributes(scene, rng)
-                    kind = f"two_attributes_{what}"
-                else:
-                    scene, kind = _add_or_remove(scene, rng)
-                prompt, speed = WD.caption(scene, canonical=True), None
-            lines.append({"prompt": prompt, "seed": req_seed, "seed_policy": "same_seed",
-                          "session": sess, "edit": kind})
-    return lines
+    return _sessions(n_sessions, edits, seed, 1_100_000, lambda scene: (
+        ["flip", "synonym", "two_attributes", "add_remove", "speed_word"]
+        + (["object_change", "colour_swap"] if len(scene["objects"]) == 2 else [])))
 
 
 def edit_chains(n_pairs=120, seed=3030, first_group=0, exclude=()):
