@@ -195,3 +195,13 @@ def test_a_latent_psnr_tolerance_labels_by_its_bound():
     with pytest.raises(ValueError):
         Tolerance(30, "pixels")
     assert evidence_class(OTHER) == "other"
+
+
+def test_a_farm_sets_the_audit_rate_once_in_the_environment(monkeypatch):
+    from carnator_core.comfy_adapter import audit_rate_default
+    monkeypatch.delenv("CARNATOR_AUDIT_RATE", raising=False)
+    assert audit_rate_default() == 0.0  # a single user: off
+    monkeypatch.setenv("CARNATOR_AUDIT_RATE", "0.02")
+    assert audit_rate_default() == 0.02
+    monkeypatch.setenv("CARNATOR_AUDIT_RATE", "lots")
+    assert audit_rate_default() == 0.0  # not a number: off, with a warning in the log
