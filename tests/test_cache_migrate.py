@@ -1,0 +1,70 @@
+"""The migration command copies a cache SQLite → PostgreSQL → SQLite with every entry,
+pin and hit, verifies each entry on the way and never carries damage across. Real
+PostgreSQL (tests/pg_cluster.py), the real command line."""
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from cache_fault_worker import CLASS_KEY, expected_tensors, same, signature_of
+from pg_cluster import PgCluster, pg_bin
+
+from carnator_core.cache import TrajectoryCache
+from carnator_core.cache_backend import open_cache
+
+pytest.importorskip("psycopg", reason="psycopg[binary] is in requirements-test.txt")
+pytestmark = pytest.mark.skipif(pg_bin() is None, reason="PostgreSQL server not installed")
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    c = PgCluster().start()
+    yield c
+    c.stop(remove=True)
+
+
+def migrate(src: str, dst: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(REPO / "scripts" / "migrate_cache.py"), src, dst],
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_a_cache_goes_to_postgresql_and_back(cluster, tmp_path):
+    folder = tmp_path / "sqlite"
+    cache = TrajectoryCache(folder, 1 << 30)
+    ids = {cache.store({"class_key": CLASS_KEY, "exact_key": str(i), "snapshot_steps": "[2]"},
+                       expected_tensors(i), signature_of(i)): i for i in range(6)}
+    keep, used, damaged = list(ids)[:3]
+    cache.set_pinned(keep, True)
+    cache.record_use(used, 7)
+    path = cache.tensor_path(damaged)
+    data = bytearray(path.read_bytes())
+    data[-5] ^= 0xFF  # bit rot in one entry: it must not travel
+    path.write_bytes(bytes(data))
+
+    url = cluster.url("migrated")
+    out = migrate(str(folder), url)
+    assert out.returncode == 1, out.stderr  # one entry skipped
+    assert "5 entries copied, 1 skipped" in out.stdout and damaged in out.stdout
+    pg = open_cache(url, 1 << 30)
+    assert pg.stats()["entries"] == 5 and pg.get(damaged) is None
+    assert pg.get(keep).row["pinned"] == 1 and pg.get(used).row["hits"] == 1
+    for entry_id, seed in ids.items():
+        if entry_id != damaged:
+            assert same(pg.load_tensors(entry_id), expected_tensors(seed))
+            assert pg.lookup(CLASS_KEY, signature_of(seed), 1).candidates[0].entry.id == entry_id
+
+    back = tmp_path / "back"
+    out = migrate(url, str(back))
+    assert out.returncode == 0 and "5 entries copied, 0 skipped" in out.stdout, out.stdout + out.stderr
+    again = TrajectoryCache(back, 1 << 30)
+    assert again.stats()["entries"] == 5 and again.get(keep).row["pinned"] == 1
+    for entry_id, seed in ids.items():
+        if entry_id != damaged:
+            assert same(again.load_tensors(entry_id), expected_tensors(seed))
+    for suffix in ("", "-wal", "-shm"):  # the copied files alone rebuild it, pins included
+        Path(str(back / "carnator.sqlite") + suffix).unlink(missing_ok=True)
+    rebuilt = TrajectoryCache(back, 1 << 30)
+    assert rebuilt.stats()["entries"] == 5 and rebuilt.get(keep).row["pinned"] == 1
+    assert migrate(url, str(back)).returncode == 0  # copying again is safe
+    assert TrajectoryCache(back, 1 << 30).stats()["entries"] == 5
