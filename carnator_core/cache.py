@@ -24,14 +24,12 @@ What the cache promises, and how (tests/test_cache_faults.py checks each under k
 from __future__ import annotations
 
 import copy
-import json
 import logging
 import os
 import sqlite3
 import time
 import uuid
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -42,27 +40,20 @@ from safetensors import SafetensorError
 from safetensors.torch import save_file
 
 from .cache_files import (ENTRY_ID_RE, CacheError, EntryDamaged, EntryUnreadable,  # noqa: F401
-                          FolderLock, entry_checksum, hash_table, kill_point, non_finite,
-                          read_entry, usage_path, valid_entry_id, write_usage)
+                          FolderLock, kill_point, read_entry, usage_path, valid_entry_id,
+                          write_usage)
 from .cache_descriptors import DescriptorIndex
-from .cache_index import UTILITY_ORDER, SqliteDescriptorSource, checked, file_identity, forget_checked, put_entry, totals
+from .cache_entry import (DEFAULT_CAPACITY_BYTES, ENTRY_COLUMNS, LOG_ROWS_KEPT,  # noqa: F401
+                          Candidate, LookupResult, StoredEntry, _entries, prepare_entry,
+                          row_problem)
+from .cache_index import (UTILITY_ORDER, SqliteDescriptorSource, checked, file_identity,
+                          forget_checked, put_entry, totals)
 from .cache_repair import IndexRepair
 
 log = logging.getLogger("carnator")
 
 DB_NAME = "carnator.sqlite"
 SCHEMA_VERSION = 3  # 3: signatures and compact descriptors apart from the rows (issue 14)
-DEFAULT_CAPACITY_BYTES = 8 * 1024**3
-LOG_ROWS_KEPT = 10_000  # request and removal logs are trimmed to this many rows
-
-ENTRY_COLUMNS = {
-    "id": str, "class_key": str, "exact_key": str, "model_fingerprint": str,
-    "backbone": str, "latent_shape": str, "steps": int, "seed": int, "cfg": float,
-    "sampler": str, "scheduler": str, "prompt": str, "probe_step": int,
-    "snapshot_steps": str, "signature": bytes, "bytes": int, "created": float,
-    "last_used": float, "hits": int, "steps_saved": float, "pinned": int,
-    "source_entry": str, "class_json": str, "latent_format": str, "checksum": str,
-}
 EVICT_BATCH = 256  # victims read per query: eviction walks the utility index, never scans
 
 # one in-memory descriptor matrix per index file and process, shared by every request
@@ -71,82 +62,6 @@ _descriptor_indexes: dict[str, DescriptorIndex] = {}
 
 def descriptor_index(db_path: Path) -> DescriptorIndex:
     return _descriptor_indexes.setdefault(str(db_path), DescriptorIndex())
-
-
-def row_problem(row: dict[str, Any]) -> str | None:
-    """Why an index row cannot be used as it is (valid SQLite, wrong content), or None."""
-    try:
-        steps = json.loads(row.get("snapshot_steps") or "[]")
-        if not isinstance(steps, list) or not all(type(s) is int for s in steps):
-            return "snapshot_steps is not a list of step numbers"
-    except (TypeError, ValueError, RecursionError):
-        return "snapshot_steps is not valid JSON"
-    sig = row.get("signature")
-    if not isinstance(sig, bytes) or len(sig) == 0 or len(sig) % 4:
-        return "signature is not a float32 vector"
-    return None
-
-
-def prepare_entry(row: dict[str, Any], tensors: dict[str, torch.Tensor], signature: torch.Tensor):
-    """(entry id, index row, tensors to save, safetensors metadata) for a new entry, or why
-    it cannot be stored. Shared by both backends: the checksums and the row the file
-    carries are the same whether the bytes go to a file or to PostgreSQL."""
-    entry_id = row.get("id") if valid_entry_id(row.get("id")) else uuid.uuid4().hex
-    now = time.time()
-    row = {**row, "id": entry_id, "created": now, "last_used": now,
-           "hits": 0, "steps_saved": 0.0, "pinned": 0}
-    payload = {k: v.detach().to("cpu").contiguous() for k, v in tensors.items()}
-    payload["signature"] = signature.detach().float().cpu().contiguous()
-    try:  # the dtype check first: isfinite does not exist for every dtype
-        hashes = hash_table(payload)
-    except ValueError as e:  # a dtype this cache cannot checksum and read back
-        return str(e)
-    bad = non_finite(payload)
-    if bad:
-        return f"NaN or infinite values in {', '.join(bad)}"
-    meta_json = json.dumps({k: v for k, v in row.items()
-                            if k not in ("signature", "bytes", "checksum")})
-    row["checksum"] = entry_checksum(entry_id, hashes, meta_json)
-    row["signature"] = payload["signature"].numpy().astype(np.float32).tobytes()
-    return entry_id, row, payload, {"carnator_entry": meta_json, "carnator_hashes": hashes}
-
-
-@dataclass
-class StoredEntry:
-    """One index row, decoded."""
-
-    row: dict[str, Any]
-
-    @property
-    def id(self) -> str:
-        return self.row["id"]
-
-    @property
-    def snapshot_steps(self) -> list[int]:
-        return json.loads(self.row["snapshot_steps"] or "[]")
-
-    @property
-    def signature(self) -> torch.Tensor | None:
-        """The full global signature (only rows a lookup returned carry it)."""
-        sig = self.row.get("signature")
-        return None if sig is None else torch.from_numpy(np.frombuffer(sig, dtype=np.float32).copy())
-
-
-@dataclass
-class Candidate:
-    entry: StoredEntry
-    similarity: float
-
-
-@dataclass
-class LookupResult:
-    candidates: list[Candidate]
-    message: str  # why there are no candidates, or how many were considered
-    reports: list[str] = field(default_factory=list)
-
-
-def _entries(n: int) -> str:
-    return f"{n} entr{'y' if n == 1 else 'ies'}"
 
 
 class TrajectoryCache(IndexRepair):

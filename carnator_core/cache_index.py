@@ -61,7 +61,7 @@ def reusable(row: dict[str, Any]) -> bool:
 
 def create_index_tables(db) -> None:
     """Inside a write transaction: the issue-14 tables, migrating a v2 index in place."""
-    from .cache import ENTRY_COLUMNS
+    from .cache_entry import ENTRY_COLUMNS
     tables = set(db.table_names())
     if "entries" not in tables:
         db["entries"].create({k: v for k, v in ENTRY_COLUMNS.items() if k != "signature"},

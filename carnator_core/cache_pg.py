@@ -33,8 +33,8 @@ from typing import Any, Iterator
 import numpy as np
 import torch
 
-from .cache import (ENTRY_COLUMNS, LOG_ROWS_KEPT, Candidate, LookupResult, StoredEntry, _entries,
-                    prepare_entry, row_problem)
+from .cache_entry import (ENTRY_COLUMNS, LOG_ROWS_KEPT, Candidate, LookupResult, StoredEntry,
+                          _entries, prepare_entry, row_problem)
 from .cache_descriptors import DescriptorIndex
 from .cache_files import (CacheError, EntryDamaged, EntryUnreadable, kill_point,
                           read_entry_from, valid_entry_id)
@@ -42,6 +42,7 @@ from .cache_pg_schema import COLUMNS, SCHEMA, UTILITY_ORDER, PgDescriptorSource,
 
 log = logging.getLogger("carnator")
 CONNECT_TIMEOUT_S = 5
+PING_AFTER_S = 1.0  # a connection idle longer is checked before use (requests take seconds)
 EVICT_BATCH = 256
 
 _shared: dict[str, "PgState"] = {}
@@ -55,11 +56,20 @@ class PgState:
         self.url, self.conn, self.lock = url, None, threading.RLock()
         self.descriptors = DescriptorIndex()
         self.schema_ready = False
+        self.capacity_written: int | None = None  # what this process last recorded
+        self.last_used = 0.0
+        self.folder = _local_folder()
 
 
 def open_database(url: str, capacity_bytes: int | None) -> "PostgresCache":
+    try:
+        import psycopg  # noqa: F401
+    except ImportError:
+        raise CacheError("a postgresql:// cache needs the psycopg package: run "
+                         "pip install \"psycopg[binary]\" in ComfyUI's Python; this request "
+                         "runs without reuse") from None
     with _shared_lock:
-        state = _shared.setdefault(url, PgState(url))
+        state = _shared.get(url) or _shared.setdefault(url, PgState(url))
     return PostgresCache(state, capacity_bytes)
 
 
@@ -67,13 +77,18 @@ class PostgresCache:
     def __init__(self, state: PgState, capacity_bytes: int | None):
         self.state = state
         self.url = redact(state.url)
-        self.folder = _local_folder()  # calibration files stay on each machine
+        self.folder = state.folder  # calibration files stay on each machine
         self.reports: list[str] = []
         self.read_only: str | None = None
+        if capacity_bytes is not None and state.capacity_written == int(capacity_bytes):
+            self.capacity_bytes = int(capacity_bytes)  # recorded already: no round trip
+            return
         with self._tx() as cur:
             stored = self._meta(cur, "capacity_bytes")
             if capacity_bytes is not None and stored != str(int(capacity_bytes)):
                 self._set_meta(cur, "capacity_bytes", str(int(capacity_bytes)))
+        if capacity_bytes is not None:
+            state.capacity_written = int(capacity_bytes)
         self.capacity_bytes = (int(capacity_bytes) if capacity_bytes is not None else
                                int(stored) if stored and stored.isdigit() else 8 * 1024**3)
 
@@ -99,7 +114,9 @@ class PostgresCache:
     def _connection(self):
         import psycopg
         st = self.state
-        if st.conn is not None and not (st.conn.closed or st.conn.broken):
+        idle = time.monotonic() - st.last_used
+        st.last_used = time.monotonic()
+        if st.conn is not None and not (st.conn.closed or st.conn.broken) and idle > PING_AFTER_S:
             try:  # a server restarted since the last request leaves a dead connection behind
                 st.conn.execute("SELECT 1")
             except psycopg.OperationalError:

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from .cache import ENTRY_COLUMNS
+from .cache_entry import ENTRY_COLUMNS
 from .cache_descriptors import compact_bytes
 from .cache_index import GONE_KEPT, reusable
 
