@@ -1,6 +1,7 @@
 """A farm: three real ComfyUI servers sharing one cache in a real PostgreSQL started by this
 test run (tests/pg_cluster.py), each pointed at it the way an operator would
 (CARNATOR_CACHE_URL). Nothing is mocked: requests go through /prompt and /history."""
+import json
 import os
 import subprocess
 import sys
@@ -9,8 +10,8 @@ from pathlib import Path
 
 import pytest
 from pg_cluster import PgCluster, pg_bin
-from server_harness import ComfyServer
-from test_server_e2e import summary_of
+from server_harness import ComfyServer, carnator_outputs
+from test_server_e2e import WORKFLOWS, summary_of
 
 psycopg = pytest.importorskip("psycopg", reason="psycopg[binary] is in requirements-test.txt")
 pytestmark = pytest.mark.skipif(pg_bin() is None, reason="PostgreSQL server not installed "
@@ -149,3 +150,20 @@ def test_a_worker_killed_mid_store_leaves_nothing_half_visible(farm):
     from carnator_core.cache_backend import open_cache
     from cache_fault_worker import expected_tensors, same
     assert same(open_cache(url, 1 << 30).load_tensors(kept), expected_tensors(902))
+
+
+def test_the_cache_node_database_url_wins_over_the_operators_default(farm):
+    cluster, url, (w0, _, _) = farm
+    other = cluster.url("farm_node")
+    prompt = json.loads((WORKFLOWS / "api" / f"{NAME}.api.json").read_text())
+    prompt["2"]["inputs"]["text"] = BASE + " (node url)"
+    prompt["20"] = {"class_type": "CarnatorCache",
+                    "inputs": {"folder": "", "capacity_gb": 1.0, "database_url": "mysql://nope"}}
+    prompt["5"]["inputs"]["cache"] = ["20", 0]
+    with pytest.raises(RuntimeError, match="must start with postgresql://"):
+        w0.queue(prompt)
+    prompt["20"]["inputs"]["database_url"] = other
+    summary = carnator_outputs(w0.run(prompt))[0]
+    assert summary["stored_id"]
+    assert db_rows(other, "SELECT id FROM carnator_entries") == [(summary["stored_id"],)]
+    assert db_rows(url, "SELECT count(*) FROM carnator_entries WHERE id = %s", [summary["stored_id"]]) == [(0,)]
