@@ -2,7 +2,8 @@
 
 Layout of a cache folder::
 
-    carnator.sqlite              index: entries, request log, removal log, settings
+    carnator.sqlite              index: entries, signatures, compact descriptors, totals,
+                                 request log, removal log, settings (cache_index.py)
     tensors/<id>.safetensors     snapshots x_k, final latent, signature maps (+ checksums)
     tensors/<id>.usage.json      pins and hit counts, so a rebuilt index keeps them
     quarantine/                  damaged files moved aside (never silently deleted)
@@ -20,6 +21,11 @@ What the cache promises, and how (tests/test_cache_faults.py checks each under k
   quarantine anything: the entry stays and the request runs without it.
 - Entry ids are random hex generated here; a file path is only ever built from an id that
   fully matches ``ENTRY_ID_RE`` — never from user input. Nothing is ever pickled.
+- It stays fast when full (issue 14): lookup ranks in-memory compact descriptors and reads
+  only a short list's signatures; sizes are counters; eviction walks an index. Requests
+  open it through cache_backend.open_cache, which checks a folder once per process.
+
+The PostgreSQL backend (cache_pg.py) offers the same methods for a farm of workers.
 """
 from __future__ import annotations
 
