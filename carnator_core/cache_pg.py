@@ -59,6 +59,7 @@ class PgState:
         self.capacity_written: int | None = None  # what this process last recorded
         self.last_used = 0.0
         self.folder = _local_folder()
+        self.blob_bytes_read = 0  # tensor bytes fetched (tests: range reads engage)
 
 
 def open_database(url: str, capacity_bytes: int | None) -> "PostgresCache":
@@ -226,24 +227,35 @@ class PostgresCache:
         return LookupResult([], "no comparable entries (signature layout differs)")
 
     def load_tensors(self, entry_id: str, names: list[str] | None = None) -> dict[str, torch.Tensor] | None:
-        """Verified tensors of an entry, or None (reported). Damage quarantines it."""
+        """Verified tensors of an entry, or None (reported). Damage quarantines it.
+
+        Named tensors (the gate's tile maps, one snapshot) are read range by range from the
+        blob, so a candidate's other tensors never cross the network."""
         if not valid_entry_id(entry_id):
             return None
+        problem = None
         with self._tx() as cur:
-            cur.execute("SELECT e.checksum, b.data FROM carnator_entries e JOIN carnator_blobs b "
-                        "USING (id) WHERE e.id = %s", [entry_id])
+            cur.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")  # one entry version
+            cur.execute("SELECT e.checksum, octet_length(b.data) FROM carnator_entries e JOIN "
+                        "carnator_blobs b USING (id) WHERE e.id = %s", [entry_id])
             found = cur.fetchone()
-        if found is None:
-            return None  # evicted or deleted meanwhile
-        data = bytes(found[1])
-        try:
-            _, tensors, _ = read_entry_from(io.BytesIO(data), len(data),
-                                            Path(f"{entry_id}.safetensors"), entry_id, found[0], names)
-        except EntryDamaged as e:
-            self._quarantine_entry(entry_id, str(e))
-            return None
-        except EntryUnreadable as e:
-            self._report(f"cache entry {entry_id} could not be read now ({e}); it is kept")
+            if found is None:
+                return None  # evicted or deleted meanwhile
+            blob = _BlobFile(cur, entry_id, self.state) if names is not None else None
+            if blob is None:
+                cur.execute("SELECT data FROM carnator_blobs WHERE id = %s", [entry_id])
+                blob = io.BytesIO(bytes(cur.fetchone()[0]))
+                self.state.blob_bytes_read += found[1]
+            try:
+                _, tensors, _ = read_entry_from(blob, found[1], Path(f"{entry_id}.safetensors"),
+                                                entry_id, found[0], names)
+            except EntryDamaged as e:
+                problem = str(e)
+            except EntryUnreadable as e:
+                self._report(f"cache entry {entry_id} could not be read now ({e}); it is kept")
+                return None
+        if problem:
+            self._quarantine_entry(entry_id, problem)
             return None
         return tensors
 
@@ -400,6 +412,26 @@ class PostgresCache:
         with self._tx() as cur:
             cur.execute("SELECT 1 FROM carnator_totals WHERE k = 0 FOR UPDATE")
             return self._choose_victims(cur) or []
+
+
+class _BlobFile:
+    """A read-only file over one stored blob, fetched by ranges (the column's EXTERNAL
+    storage lets substring() read only the chunks it needs): what read_entry_from reads."""
+
+    def __init__(self, cur, entry_id: str, state: PgState):
+        self.cur, self.entry_id, self.pos, self.state = cur, entry_id, 0, state
+
+    def seek(self, pos: int) -> None:
+        self.pos = pos
+
+    def read(self, n: int) -> bytes:
+        self.cur.execute("SELECT substring(data FROM %s FOR %s) FROM carnator_blobs WHERE id = %s",
+                         [self.pos + 1, n, self.entry_id])
+        row = self.cur.fetchone()
+        data = bytes(row[0]) if row and row[0] is not None else b""
+        self.pos += len(data)
+        self.state.blob_bytes_read += len(data)
+        return data
 
 
 def _local_folder() -> Path:

@@ -36,6 +36,10 @@ SCHEMA = [
     f"(pinned, {UTILITY_EXPR}, last_used)",
     f"CREATE TABLE IF NOT EXISTS carnator_signatures ({_child}, signature bytea)",
     f"CREATE TABLE IF NOT EXISTS carnator_blobs ({_child}, data bytea)",
+    # uncompressed out-of-line: substring() reads one tensor without the rest of the blob
+    "DO $$ BEGIN IF (SELECT attstorage FROM pg_attribute WHERE attrelid = "
+    "'carnator_blobs'::regclass AND attname = 'data') <> 'e' THEN "
+    "ALTER TABLE carnator_blobs ALTER COLUMN data SET STORAGE EXTERNAL; END IF; END $$",
     "CREATE TABLE IF NOT EXISTS carnator_descriptors (seq bigserial PRIMARY KEY, id text NOT NULL "
     "UNIQUE REFERENCES carnator_entries (id) ON DELETE CASCADE, class_key text NOT NULL, "
     "width integer, vec bytea)",
