@@ -13,6 +13,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -55,7 +56,28 @@ class PgCluster:
         self._run(str(self.bin / "pg_ctl"), "-D", str(self.data), "-o", opts,
                   "-l", str(self.base / "server.log"), "-w", "-t", "60", "start")
         self.pid = int((self.data / "postmaster.pid").read_text().split()[0])
+        self._watch()
         return self
+
+    def _watch(self) -> None:
+        """A watchdog that stops this cluster if the process that started it dies without
+        stopping it (a killed pytest must not leave a server running for good)."""
+        code = (f"import os, signal, time\n"
+                f"while True:\n"
+                f"    time.sleep(1)\n"
+                f"    try: os.kill({os.getpid()}, 0)\n"
+                f"    except ProcessLookupError: break\n"
+                f"    try: os.kill({self.pid}, 0)\n"
+                f"    except ProcessLookupError: raise SystemExit\n"
+                f"try: os.kill({self.pid}, signal.SIGINT)\n"
+                f"except ProcessLookupError: pass\n"
+                f"for _ in range(60):\n"
+                f"    time.sleep(1)\n"
+                f"    try: os.kill({self.pid}, 0)\n"
+                f"    except ProcessLookupError: break\n"
+                f"import shutil; shutil.rmtree({str(self.base)!r}, ignore_errors=True)\n")
+        subprocess.Popen([sys.executable, "-c", code], start_new_session=True,
+                         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
     def url(self, db: str = "postgres") -> str:
         if db != "postgres":
