@@ -328,3 +328,24 @@ def kill_point(name: str) -> None:
     if _KILL_AT and _KILL_AT == name:
         import signal
         os.kill(os.getpid(), signal.SIGKILL)
+
+
+_PAUSE_DIR = os.environ.get("CARNATOR_TEST_PAUSE_DIR", "")
+
+
+def pause_point(name: str, limit_s: float = 120.0) -> None:
+    """Tests stop the world exactly here (e.g. the database, mid-request): when the test has
+    armed ``<dir>/<name>.arm``, this process disarms it, writes ``<name>.paused`` and waits
+    until the test removes that file. Free when the variable is unset."""
+    if not _PAUSE_DIR:
+        return
+    import time
+    arm, paused = Path(_PAUSE_DIR) / f"{name}.arm", Path(_PAUSE_DIR) / f"{name}.paused"
+    try:
+        arm.unlink()
+    except FileNotFoundError:
+        return  # not armed: this request runs straight through
+    paused.touch()
+    deadline = time.monotonic() + limit_s
+    while paused.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)

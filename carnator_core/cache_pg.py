@@ -37,7 +37,7 @@ from .cache_entry import (ENTRY_COLUMNS, LOG_ROWS_KEPT, Candidate, LookupResult,
                           _entries, prepare_entry, row_problem)
 from .cache_descriptors import DescriptorIndex
 from .cache_files import (CacheError, EntryDamaged, EntryUnreadable, kill_point,
-                          read_entry_from, valid_entry_id)
+                          pause_point, read_entry_from, valid_entry_id)
 from .cache_pg_schema import COLUMNS, SCHEMA, UTILITY_ORDER, PgDescriptorSource, redact
 
 log = logging.getLogger("carnator")
@@ -186,6 +186,7 @@ class PostgresCache:
         """As TrajectoryCache.lookup: compact descriptors in memory, then exact cosine of
         the short list's full signatures."""
         query = signature.detach().float().reshape(-1).cpu().numpy()
+        pause_point("pg.lookup")  # tests: the database goes away in the middle of a request
         with self._tx() as cur:
             cur.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")  # one snapshot
             ids, comparable = self.state.descriptors.shortlist(

@@ -6,12 +6,13 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
 from pg_cluster import PgCluster, pg_bin
 from server_harness import ComfyServer, carnator_outputs
-from test_server_e2e import WORKFLOWS, summary_of
+from test_server_e2e import WORKFLOWS, api_workflow, summary_of
 
 psycopg = pytest.importorskip("psycopg", reason="psycopg[binary] is in requirements-test.txt")
 pytestmark = pytest.mark.skipif(pg_bin() is None, reason="PostgreSQL server not installed "
@@ -26,8 +27,12 @@ BASE = "a red ball rolls left across a green field"
 def farm(tmp_path_factory):
     cluster = PgCluster().start()
     url = cluster.url("farm")
-    workers = [ComfyServer(tmp_path_factory.mktemp(f"worker{i}"), env={"CARNATOR_CACHE_URL": url})
-               for i in range(3)]
+    workers = []
+    for i in range(3):
+        folder = tmp_path_factory.mktemp(f"worker{i}")
+        (folder / "pauses").mkdir()
+        workers.append(ComfyServer(folder, env={"CARNATOR_CACHE_URL": url,
+                                                "CARNATOR_TEST_PAUSE_DIR": str(folder / "pauses")}))
     errors = []
 
     def start(w):
@@ -71,13 +76,26 @@ def test_a_trajectory_stored_by_one_worker_is_a_hit_on_another(farm):
     assert hits == [(2,)]  # the hit and the exact repeat, counted by different workers
 
 
-def test_the_database_stopped_is_a_miss_with_a_message_then_hits_again(farm):
+def test_the_database_stopped_mid_request_is_a_miss_with_a_message_then_hits_again(farm):
+    """Worker 1 is paused inside its request, after its probe and exact-repeat check used
+    the database and before lookup (carnator_core.cache_files.pause_point); the database
+    stops there, the request finishes as a miss that says so, and once the database is
+    back the worker reconnects by itself and hits."""
     cluster, _, (w0, w1, _) = farm
     stored = summary_of(w0, NAME, BASE, 22)
     assert stored["outcome"] == "miss" and stored["stored_id"]
-    cluster.stop()  # the workers' open connections die under them
+    pauses = Path(w1.extra_env["CARNATOR_TEST_PAUSE_DIR"])
+    (pauses / "pg.lookup.arm").touch()
+    prompt_id = w1.queue(api_workflow(NAME, BASE + " slowly", 22))
+    paused = pauses / "pg.lookup.paused"
+    deadline = time.monotonic() + 120
+    while not paused.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert paused.exists(), w1.log_tail()
+    cluster.stop()  # mid-request: the worker's open connection dies under it
     try:
-        down = summary_of(w1, NAME, BASE + " slowly", 22)
+        paused.unlink()
+        down = carnator_outputs(w1.wait(prompt_id))[0]
         assert down["outcome"] == "miss", down["text"]
         assert any("PostgreSQL cache" in m and "unreachable" in m for m in down["messages"]), down["messages"]
     finally:
