@@ -190,6 +190,10 @@ def main() -> None:
         print(json.dumps(run_one(backend, int(n), args.queries, where)))
         return
     rows = []
+    from pg_cluster import pg_bin
+    if "postgresql" in args.backends and pg_bin() is None:
+        print("PostgreSQL server binaries not found: postgresql rows skipped", file=sys.stderr)
+        args.backends = [b for b in args.backends if b != "postgresql"]
     for backend in args.backends:
         for n in args.sizes:
             with tempfile.TemporaryDirectory(prefix="carnator-scale-") as tmp:

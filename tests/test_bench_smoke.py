@@ -45,3 +45,14 @@ def test_real_size_costs_benchmark_runs_small(tmp_path):
             "hit_unpack_per_step"} <= set(r["phases"])
     assert r["entry_bytes"] > 0 and r["connectivity_bytes"] > 0
     assert r["entry_bytes_by_format"]["int8"] < r["entry_bytes_by_format"]["float32"]
+
+
+def test_lookup_scale_benchmark_smoke(tmp_path):
+    """Both backends at 300 synthetic entries: rows written, repeats found every time."""
+    target = tmp_path / "lookup_scale.json"
+    run(["bench/lookup_scale.py", "--sizes", "300", "--queries", "20", "--out", str(target)])
+    rows = json.loads(target.read_text())["rows"]
+    assert {r["backend"] for r in rows} >= {"sqlite"}
+    for r in rows:
+        assert {"backend", "entries", "classes", "p50_ms", "p99_ms", "store_ms", "rss_mb"} <= set(r)
+        assert r["entries"] == 300 and r["top1_recall_repeat"] == 1.0
