@@ -311,6 +311,7 @@ class PostgresCache:
             if victims is None:
                 cur.execute("DELETE FROM carnator_entries WHERE id = %s", [entry_id])
             kill_point("pg.store.inserted")  # tests: a worker dying before its commit
+            pause_point("pg.store.inserted")
         if victims is None:
             self._report(f"trajectory not stored: its {row['bytes'] / 1e6:.1f} MB do not fit the "
                          f"cache capacity ({self.capacity_bytes / 1e6:.1f} MB) beside the pinned "

@@ -185,3 +185,33 @@ def test_the_cache_node_database_url_wins_over_the_operators_default(farm):
     assert summary["stored_id"]
     assert db_rows(other, "SELECT id FROM carnator_entries") == [(summary["stored_id"],)]
     assert db_rows(url, "SELECT count(*) FROM carnator_entries WHERE id = %s", [summary["stored_id"]]) == [(0,)]
+
+
+def test_a_comfyui_worker_killed_inside_its_store_leaves_nothing_half_visible(farm):
+    """Worker 2 is paused inside its store transaction (row, signature, descriptor and
+    blob written, not committed), then SIGKILLed: nothing of it was ever visible, the
+    totals still match the rows, and the other workers store and hit as before.
+    Last in this module: worker 2 stays dead."""
+    _, url, (w0, w1, w2) = farm
+    prompt = BASE + " (killed mid-store)"
+    pauses = Path(w2.extra_env["CARNATOR_TEST_PAUSE_DIR"])
+    (pauses / "pg.store.inserted.arm").touch()
+    w2.queue(api_workflow(NAME, prompt, 44))
+    paused = pauses / "pg.store.inserted.paused"
+    deadline = time.monotonic() + 120
+    while not paused.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert paused.exists(), w2.log_tail()
+    visible = "SELECT count(*) FROM carnator_entries WHERE prompt = %s"
+    assert db_rows(url, visible, [prompt]) == [(0,)]  # written, not yet committed
+    w2.proc.kill()  # SIGKILL
+    w2.proc.wait(timeout=30)
+    assert db_rows(url, visible, [prompt]) == [(0,)]
+    n, size = db_rows(url, "SELECT n, bytes FROM carnator_totals")[0]
+    assert (n, size) == db_rows(url, "SELECT count(*), coalesce(sum(bytes), 0) FROM carnator_entries")[0]
+    assert db_rows(url, "SELECT (SELECT count(*) FROM carnator_blobs) - (SELECT count(*) FROM "
+                   "carnator_entries)") == [(0,)]
+    first = summary_of(w0, NAME, prompt, 44)  # its locks went with it: others store at once
+    assert first["outcome"] == "miss" and first["stored_id"]
+    second = summary_of(w1, NAME, prompt + " slowly", 44)
+    assert second["outcome"] == "hit" and second["entry_id"] == first["stored_id"]
