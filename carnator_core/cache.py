@@ -2,7 +2,8 @@
 
 Layout of a cache folder::
 
-    carnator.sqlite              index: entries, request log, removal log, settings
+    carnator.sqlite              index: entries, signatures, compact descriptors, totals,
+                                 request log, removal log, settings (cache_index.py)
     tensors/<id>.safetensors     snapshots x_k, final latent, signature maps (+ checksums)
     tensors/<id>.usage.json      pins and hit counts, so a rebuilt index keeps them
     quarantine/                  damaged files moved aside (never silently deleted)
@@ -20,17 +21,21 @@ What the cache promises, and how (tests/test_cache_faults.py checks each under k
   quarantine anything: the entry stays and the request runs without it.
 - Entry ids are random hex generated here; a file path is only ever built from an id that
   fully matches ``ENTRY_ID_RE`` — never from user input. Nothing is ever pickled.
+- It stays fast when full (issue 14): lookup ranks in-memory compact descriptors and reads
+  only a short list's signatures; sizes are counters; eviction walks an index. Requests
+  open it through cache_backend.open_cache, which checks a folder once per process.
+
+The PostgreSQL backend (cache_pg.py) offers the same methods for a farm of workers.
 """
 from __future__ import annotations
 
-import json
+import copy
 import logging
 import os
 import sqlite3
 import time
 import uuid
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -41,76 +46,28 @@ from safetensors import SafetensorError
 from safetensors.torch import save_file
 
 from .cache_files import (ENTRY_ID_RE, CacheError, EntryDamaged, EntryUnreadable,  # noqa: F401
-                          FolderLock, entry_checksum, hash_table, kill_point, non_finite,
-                          read_entry, usage_path, valid_entry_id, write_usage)
+                          FolderLock, kill_point, read_entry, usage_path, valid_entry_id,
+                          write_usage)
+from .cache_descriptors import DescriptorIndex
+from .cache_entry import (DEFAULT_CAPACITY_BYTES, ENTRY_COLUMNS, LOG_ROWS_KEPT,  # noqa: F401
+                          Candidate, LookupResult, StoredEntry, _entries, prepare_entry,
+                          row_problem)
+from .cache_index import (UTILITY_ORDER, SqliteDescriptorSource, checked, file_identity,
+                          forget_checked, put_entry, totals)
 from .cache_repair import IndexRepair
 
 log = logging.getLogger("carnator")
 
 DB_NAME = "carnator.sqlite"
-SCHEMA_VERSION = 2
-DEFAULT_CAPACITY_BYTES = 8 * 1024**3
-LOG_ROWS_KEPT = 10_000  # request and removal logs are trimmed to this many rows
+SCHEMA_VERSION = 3  # 3: signatures and compact descriptors apart from the rows (issue 14)
+EVICT_BATCH = 256  # victims read per query: eviction walks the utility index, never scans
 
-ENTRY_COLUMNS = {
-    "id": str, "class_key": str, "exact_key": str, "model_fingerprint": str,
-    "backbone": str, "latent_shape": str, "steps": int, "seed": int, "cfg": float,
-    "sampler": str, "scheduler": str, "prompt": str, "probe_step": int,
-    "snapshot_steps": str, "signature": bytes, "bytes": int, "created": float,
-    "last_used": float, "hits": int, "steps_saved": float, "pinned": int,
-    "source_entry": str, "class_json": str, "latent_format": str, "checksum": str,
-}
-UTILITY_ORDER = "((steps_saved + 1.0) * (hits + 1.0) / max(bytes, 1)) ASC, last_used ASC"
+# one in-memory descriptor matrix per index file and process, shared by every request
+_descriptor_indexes: dict[str, DescriptorIndex] = {}
 
 
-def row_problem(row: dict[str, Any]) -> str | None:
-    """Why an index row cannot be used as it is (valid SQLite, wrong content), or None."""
-    try:
-        steps = json.loads(row.get("snapshot_steps") or "[]")
-        if not isinstance(steps, list) or not all(type(s) is int for s in steps):
-            return "snapshot_steps is not a list of step numbers"
-    except (TypeError, ValueError, RecursionError):
-        return "snapshot_steps is not valid JSON"
-    sig = row.get("signature")
-    if not isinstance(sig, bytes) or len(sig) == 0 or len(sig) % 4:
-        return "signature is not a float32 vector"
-    return None
-
-
-@dataclass
-class StoredEntry:
-    """One index row, decoded."""
-
-    row: dict[str, Any]
-
-    @property
-    def id(self) -> str:
-        return self.row["id"]
-
-    @property
-    def snapshot_steps(self) -> list[int]:
-        return json.loads(self.row["snapshot_steps"] or "[]")
-
-    @property
-    def signature(self) -> torch.Tensor:
-        return torch.from_numpy(np.frombuffer(self.row["signature"], dtype=np.float32).copy())
-
-
-@dataclass
-class Candidate:
-    entry: StoredEntry
-    similarity: float
-
-
-@dataclass
-class LookupResult:
-    candidates: list[Candidate]
-    message: str  # why there are no candidates, or how many were considered
-    reports: list[str] = field(default_factory=list)
-
-
-def _entries(n: int) -> str:
-    return f"{n} entr{'y' if n == 1 else 'ies'}"
+def descriptor_index(db_path: Path) -> DescriptorIndex:
+    return _descriptor_indexes.setdefault(str(db_path), DescriptorIndex())
 
 
 class TrajectoryCache(IndexRepair):
@@ -132,7 +89,20 @@ class TrajectoryCache(IndexRepair):
         self.lock = FolderLock(self.folder)
         self._ensure_folder()
         self._open_index()
+        self.checked_at = time.monotonic()
+        identity = file_identity(self.db_path)
+        if identity is not None:
+            checked[str(self.db_path)] = identity
         self.capacity_bytes = self._settle_capacity(capacity_bytes)
+
+    def fresh_view(self, capacity_bytes: int | None) -> "TrajectoryCache":
+        """This checked cache for one more request (cache_backend.open_cache): its own
+        report list, writability probed again, no integrity check repeated."""
+        view = copy.copy(self)
+        view.reports, view.read_only = [], None
+        view._ensure_folder()
+        view.capacity_bytes = view._settle_capacity(capacity_bytes)
+        return view
 
     # ---------------------------------------------------------------- connections
     @contextmanager
@@ -146,7 +116,12 @@ class TrajectoryCache(IndexRepair):
                                    isolation_level=None, check_same_thread=False)
             try:
                 conn.execute(f"PRAGMA busy_timeout={int(self.busy_timeout_s * 1000)}")
+                conn.execute("PRAGMA recursive_triggers=ON")  # a REPLACE's delete fires triggers
                 yield sqlite_utils.Database(conn)
+            except sqlite3.DatabaseError as e:
+                if not isinstance(e, sqlite3.OperationalError):
+                    forget_checked(self.db_path)  # damage: the next open checks it in full
+                raise
             finally:
                 conn.close()
 
@@ -229,36 +204,58 @@ class TrajectoryCache(IndexRepair):
         """Entries of the same compatibility class that were computed in full, ranked by
         signature cosine. An entry that itself reused another (``source_entry`` set) is no
         reuse source: its snapshots carry that entry's trajectory and its own reuse error,
-        which its signature does not describe (chained reuse broke the risk budget)."""
+        which its signature does not describe (chained reuse broke the risk budget).
+
+        Reads only what ranking needs: the class's compact descriptors (kept in memory,
+        refreshed incrementally), then the full signatures of a short list, re-ranked by
+        exact cosine (cache_descriptors.py)."""
+        query = signature.detach().float().reshape(-1).cpu()
         with self._db() as db:
-            rows = list(db.query("SELECT * FROM entries WHERE class_key = ?", [class_key]))
-            total = db.execute("SELECT count(*) FROM entries").fetchone()[0]
-        if not rows:
-            msg = ("cache is empty" if total == 0 else
-                   f"cache holds {_entries(total)}, none for this model, latent shape, sigma "
-                   "schedule, sampler, cfg and seed")
-            return LookupResult([], msg)
-        reused = len(rows)
-        rows = [r for r in rows if not r.get("source_entry")]
-        if not rows:
-            return LookupResult([], f"{_entries(reused)} in this class, all made by reuse "
-                                "(kept for exact repeats, not as reuse sources)")
-        query = signature.float().reshape(-1)
+            db.execute("BEGIN")  # one snapshot: descriptors and removals agree
+            try:
+                ids, comparable = descriptor_index(self.db_path).shortlist(
+                    SqliteDescriptorSource(db), class_key, query.numpy(), query.numel())
+                rows = self._shortlisted_rows(db, ids)
+                if not ids:
+                    return self._no_candidates(db, class_key)
+            finally:
+                db.execute("COMMIT")
+        usable = [StoredEntry(r) for r in map(self._usable_row, rows) if r is not None]
+        # signature layouts of another pack version are not comparable
+        usable = [e for e in usable if len(e.row.get("signature") or b"") == 4 * query.numel()]
         scored = []
-        for row in rows:
-            row = self._usable_row(row)
-            if row is None:
-                continue
-            entry = StoredEntry(row)
-            stored = entry.signature
-            if stored.numel() != query.numel():
-                continue  # signature layout changed (e.g. another pack version): not comparable
-            scored.append(Candidate(entry, float(torch.dot(query, stored))))
+        if usable:  # one matrix product, not a dot per entry
+            sigs = np.stack([np.frombuffer(e.row["signature"], dtype=np.float32) for e in usable])
+            sims = sigs @ query.numpy()
+            scored = [Candidate(e, float(s)) for e, s in zip(usable, sims)]
         scored.sort(key=lambda c: c.similarity, reverse=True)
         if not scored:
             return LookupResult([], "no comparable entries (signature layout differs)")
-        return LookupResult(scored[:top_k], f"{_entries(len(rows))} in this class, best "
+        return LookupResult(scored[:top_k], f"{_entries(comparable)} in this class, best "
                             f"similarity {scored[0].similarity:.3f}")
+
+    @staticmethod
+    def _shortlisted_rows(db, ids: list[str]) -> list[dict[str, Any]]:
+        if not ids:
+            return []
+        marks = ",".join("?" * len(ids))
+        return list(db.query(f"SELECT e.*, s.signature AS signature FROM entries e LEFT JOIN "
+                             f"signatures s ON s.id = e.id WHERE e.id IN ({marks})", ids))
+
+    @staticmethod
+    def _no_candidates(db, class_key: str) -> LookupResult:
+        total = totals(db)[0]
+        in_class, reused = db.execute(
+            "SELECT count(*), count(nullif(source_entry, '')) FROM entries WHERE class_key = ?",
+            [class_key]).fetchone()
+        if in_class == 0:
+            return LookupResult([], "cache is empty" if total == 0 else
+                                f"cache holds {_entries(total)}, none for this model, latent "
+                                "shape, sigma schedule, sampler, cfg and seed")
+        if reused == in_class:
+            return LookupResult([], f"{_entries(in_class)} in this class, all made by reuse "
+                                "(kept for exact repeats, not as reuse sources)")
+        return LookupResult([], "no comparable entries (signature layout differs)")
 
     def _usable_row(self, row: dict[str, Any]) -> dict[str, Any] | None:
         """The row, or its copy restored from the entry's own file when it is malformed."""
@@ -327,11 +324,11 @@ class TrajectoryCache(IndexRepair):
         with self._db() as db:
             rows = db.query("SELECT * FROM entries ORDER BY created DESC LIMIT ? OFFSET ?",
                             [int(limit), int(offset)])
-            return [{k: v for k, v in r.items() if k != "signature"} for r in rows]
+            return list(rows)
 
     def stats(self) -> dict[str, Any]:
         with self._db() as db:
-            n, size = db.execute("SELECT count(*), coalesce(sum(bytes),0) FROM entries").fetchone()
+            n, size = totals(db)
             recent = list(db.query("SELECT outcome FROM requests ORDER BY rowid DESC LIMIT 100"))
         hits = sum(r["outcome"] in ("hit", "exact") for r in recent)
         return {"entries": n, "bytes": size, "capacity_bytes": self.capacity_bytes,
@@ -355,35 +352,20 @@ class TrajectoryCache(IndexRepair):
         if self.read_only:
             self._report(f"trajectory not stored: {self.read_only}")
             return None
-        entry_id = row.get("id") if valid_entry_id(row.get("id")) else self.new_id()
-        now = time.time()
-        row = {**row, "id": entry_id, "created": now, "last_used": now,
-               "hits": 0, "steps_saved": 0.0, "pinned": 0}
-        payload = {k: v.detach().to("cpu").contiguous() for k, v in tensors.items()}
-        payload["signature"] = signature.detach().float().cpu().contiguous()
-        try:  # the dtype check first: isfinite does not exist for every dtype
-            hashes = hash_table(payload)
-        except ValueError as e:  # a dtype this cache cannot checksum and read back
-            self._report(f"trajectory not stored: {e}")
+        prepared = prepare_entry(row, tensors, signature)
+        if isinstance(prepared, str):
+            self._report(f"trajectory not stored: {prepared}")
             return None
-        bad = non_finite(payload)
-        if bad:
-            self._report(f"trajectory not stored: NaN or infinite values in {', '.join(bad)}")
-            return None
-        meta_json = json.dumps({k: v for k, v in row.items()
-                                if k not in ("signature", "bytes", "checksum")})
-        row["checksum"] = entry_checksum(entry_id, hashes, meta_json)
-        row["signature"] = payload["signature"].numpy().astype(np.float32).tobytes()
+        entry_id, row, payload, metadata = prepared
         final = self.tensor_path(entry_id)
         with self.lock():  # shared: a repair or Clear all waits until the row is in
-            if not self._write_file(final, payload, {"carnator_entry": meta_json,
-                                                     "carnator_hashes": hashes}):
+            if not self._write_file(final, payload, metadata):
                 return None
             kill_point("store.renamed")
             row["bytes"] = final.stat().st_size
             try:
                 with self._write() as db:
-                    db["entries"].insert(row, pk="id", replace=True)
+                    put_entry(db, row)
                     victims = self._choose_victims(db, exclude=entry_id)
                     if victims is None:
                         db.execute("DELETE FROM entries WHERE id = ?", [entry_id])
@@ -399,6 +381,15 @@ class TrajectoryCache(IndexRepair):
                 return None
             self._unlink_entries(victims)
         return entry_id
+
+    def import_rows(self, rows: list[dict[str, Any]]) -> int:
+        """Index rows as they are (``signature`` bytes included) in one transaction, no
+        files written: the benchmarks' bulk fill, and the migration command once it has
+        put each entry's file in place (cache_migrate.py)."""
+        with self.lock(), self._write() as db:
+            for row in rows:
+                put_entry(db, row)
+        return len(rows)
 
     def _write_file(self, final: Path, payload: dict, metadata: dict[str, str]) -> bool:
         tmp = final.with_name(f"{final.name}.tmp-{os.getpid()}")
@@ -425,19 +416,22 @@ class TrajectoryCache(IndexRepair):
         for many requests per byte stays; recency breaks ties. Totals are read inside the
         transaction, so a concurrent evictor's deletions are already counted.
         """
-        total = db.execute("SELECT coalesce(sum(bytes), 0) FROM entries").fetchone()[0]
-        excess = total - self.capacity_bytes
+        excess = totals(db)[1] - self.capacity_bytes
         if excess <= 0:
             return []
-        victims, freed = [], 0
-        cur = db.execute(f"SELECT id, bytes FROM entries WHERE pinned = 0 AND id != ? "
-                         f"ORDER BY {UTILITY_ORDER}", [exclude or ""])
-        for entry_id, size in cur:
-            if freed >= excess:
+        victims, freed, offset = [], 0, 0
+        while freed < excess:  # batches along the utility index: no scan, no sort
+            batch = db.execute(f"SELECT id, bytes FROM entries WHERE pinned = 0 AND id != ? "
+                               f"ORDER BY {UTILITY_ORDER} LIMIT ? OFFSET ?",
+                               [exclude or "", EVICT_BATCH, offset]).fetchall()
+            for entry_id, size in batch:
+                if freed >= excess:
+                    break
+                victims.append(entry_id)
+                freed += size or 0
+            if len(batch) < EVICT_BATCH:
                 break
-            victims.append(entry_id)
-            freed += size
-        cur.close()
+            offset += EVICT_BATCH
         if freed < excess and exclude is not None:
             return None
         for entry_id in victims:

@@ -157,28 +157,34 @@ def read_entry(path: Path, entry_id: str, checksum: str | None,
     """
     try:
         with open(path, "rb") as f:
-            size = os.fstat(f.fileno()).st_size
-            header, meta, data_start = read_header(f, path, size)
-            row = _row_of(path, meta, entry_id)
-            hashes_json = meta.get("carnator_hashes")
-            file_checksum = (None if hashes_json is None else
-                             entry_checksum(entry_id, str(hashes_json), meta["carnator_entry"]))
-            hashes = _hashes_of(path, hashes_json, file_checksum, checksum)
-            wanted = list(header) if names is None else [n for n in names if n in header]
-            tensors = {}
-            for name in wanted:
-                if hashes is not None and name not in hashes:
-                    raise _damage(path, f"tensor {name} has no recorded checksum")
-                tensors[name] = _read_tensor(f, path, name, header[name], data_start, size,
-                                             None if hashes is None else hashes[name])
-            if hashes is not None and names is None and set(hashes) != set(header):
-                raise _damage(path, "the file's tensors differ from its recorded checksums")
+            return read_entry_from(f, os.fstat(f.fileno()).st_size, path, entry_id, checksum, names)
     except FileNotFoundError:
         raise
     except (OSError, MemoryError) as e:
         if isinstance(e, OSError) and e.errno in (errno.EISDIR, errno.ELOOP):
             raise _damage(path, f"not a regular file ({e.strerror})") from None
         raise EntryUnreadable(f"{path.name}: {getattr(e, 'strerror', None) or e!r}") from None
+
+
+def read_entry_from(f, size: int, path: Path, entry_id: str, checksum: str | None,
+                    names: list[str] | None = None):
+    """``read_entry`` on an open binary file object of ``size`` bytes (a file, or a blob
+    the PostgreSQL backend read into memory); ``path`` only names it in messages."""
+    header, meta, data_start = read_header(f, path, size)
+    row = _row_of(path, meta, entry_id)
+    hashes_json = meta.get("carnator_hashes")
+    file_checksum = (None if hashes_json is None else
+                     entry_checksum(entry_id, str(hashes_json), meta["carnator_entry"]))
+    hashes = _hashes_of(path, hashes_json, file_checksum, checksum)
+    wanted = list(header) if names is None else [n for n in names if n in header]
+    tensors = {}
+    for name in wanted:
+        if hashes is not None and name not in hashes:
+            raise _damage(path, f"tensor {name} has no recorded checksum")
+        tensors[name] = _read_tensor(f, path, name, header[name], data_start, size,
+                                     None if hashes is None else hashes[name])
+    if hashes is not None and names is None and set(hashes) != set(header):
+        raise _damage(path, "the file's tensors differ from its recorded checksums")
     return row, tensors, file_checksum
 
 
@@ -322,3 +328,24 @@ def kill_point(name: str) -> None:
     if _KILL_AT and _KILL_AT == name:
         import signal
         os.kill(os.getpid(), signal.SIGKILL)
+
+
+_PAUSE_DIR = os.environ.get("CARNATOR_TEST_PAUSE_DIR", "")
+
+
+def pause_point(name: str, limit_s: float = 120.0) -> None:
+    """Tests stop the world exactly here (e.g. the database, mid-request): when the test has
+    armed ``<dir>/<name>.arm``, this process disarms it, writes ``<name>.paused`` and waits
+    until the test removes that file. Free when the variable is unset."""
+    if not _PAUSE_DIR:
+        return
+    import time
+    arm, paused = Path(_PAUSE_DIR) / f"{name}.arm", Path(_PAUSE_DIR) / f"{name}.paused"
+    try:
+        arm.unlink()
+    except FileNotFoundError:
+        return  # not armed: this request runs straight through
+    paused.touch()
+    deadline = time.monotonic() + limit_s
+    while paused.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)

@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from .cache_index import create_index_tables, put_entry, totals
 from .cache_files import (ENTRY_ID_RE, CacheError, EntryDamaged, EntryUnreadable, kill_point,
                           read_entry, read_usage)
 
@@ -70,7 +71,10 @@ class IndexRepair:
                           f"{hint[1:]}.")
 
     # ---------------------------------------------------------------- open
+    full_checks = 0  # how often this process ran the open-time checks (tests count them)
+
     def _open_index(self) -> None:
+        IndexRepair.full_checks += 1
         try:
             state = self._retry_while_locked(self._inspect)
         except sqlite3.OperationalError as e:
@@ -101,10 +105,11 @@ class IndexRepair:
                                                           "removals"} <= tables}
             if state["needs_schema"]:
                 return state
-            if "checksum" not in db["entries"].columns_dict:
-                state["needs_schema"] = True
+            columns = db["entries"].columns_dict
+            if "checksum" not in columns or "signature" in columns or "totals" not in tables:
+                state["needs_schema"] = True  # an older schema: migrated in place
                 return state
-            state["rows"] = db.execute("SELECT count(*) FROM entries").fetchone()[0]
+            state["rows"] = totals(db)[0]  # kept by triggers: no scan
             state["pending"] = self._meta(db, "rebuild_pending") == "1"
             state["last"] = float(self._meta(db, "last_reconcile") or 0)
         return state
@@ -143,25 +148,18 @@ class IndexRepair:
         with self._db() as db:
             if db.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
                 db.execute("PRAGMA journal_mode=WAL")
-        from .cache import ENTRY_COLUMNS, SCHEMA_VERSION
+        from .cache import SCHEMA_VERSION
         with self._write() as db:
             tables = set(db.table_names())
-            if "entries" not in tables:
-                db["entries"].create(ENTRY_COLUMNS, pk="id", not_null={"class_key"})
-                db["entries"].create_index(["class_key"])
-                db["entries"].create_index(["exact_key"])
-            elif "checksum" not in db["entries"].columns_dict:
-                # rows written before checksums stay usable: their files are checked for
-                # entry id, structure and finite values, but their bytes are unverified
-                db.execute("ALTER TABLE entries ADD COLUMN checksum TEXT")
+            if "meta" not in tables:
+                db["meta"].create({"key": str, "value": str}, pk="key")
+            create_index_tables(db)
             if "requests" not in tables:
                 db["requests"].create({"ts": float, "outcome": str, "entry_id": str,
                                        "steps_computed": int, "steps_total": int,
                                        "seconds": float, "class_key": str})
             if "removals" not in tables:
                 db["removals"].create({"ts": float, "entry_id": str, "reason": str})
-            if "meta" not in tables:
-                db["meta"].create({"key": str, "value": str}, pk="key")
             self._set_meta(db, "schema_version", str(SCHEMA_VERSION))
 
     # ---------------------------------------------------------------- corrupt index
@@ -256,7 +254,7 @@ class IndexRepair:
             self._report(f"cache file {path.name} not re-indexed now ({e}); kept for next time")
             return False
         with self._write() as db:
-            db["entries"].insert(row, pk="id", replace=True)
+            put_entry(db, row)
         return True
 
     def _row_from_file(self, path: Path, entry_id: str) -> dict[str, Any]:
@@ -291,7 +289,7 @@ class IndexRepair:
         with self._write() as db:
             if db.execute("SELECT 1 FROM entries WHERE id = ?", [entry_id]).fetchone() is None:
                 return None  # removed meanwhile
-            db["entries"].insert(row, pk="id", replace=True)
+            put_entry(db, row)
         return row
 
     def _sweep_files(self, keep: set[str], everything: bool = False) -> None:

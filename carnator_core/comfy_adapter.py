@@ -422,11 +422,14 @@ def start_request(model, positive, negative, latent: dict, seed: int, steps: int
     """Build the run, open the cache (or explain why not) and run the Early Probe."""
     from .pipeline import open_cache, probe  # local: pipeline imports nothing of ComfyUI
     cache_config = cache_config or {}
-    folder = cache_config.get("folder") or default_cache_folder()
+    from .cache_backend import configured_location
+    # a postgresql:// URL (the node's, else CARNATOR_CACHE_URL) wins over the folder
+    location = (configured_location(cache_config.get("url"))
+                or cache_config.get("folder") or default_cache_folder())
     capacity = int(cache_config.get("capacity_bytes") or 8 * 1024**3)
     run = ComfyRun(model, positive, negative, latent, seed, steps, cfg, sampler_name, scheduler,
                    seed_policy=seed_policy)
-    cache, message = open_cache(folder, capacity)
+    cache, message = open_cache(location, capacity)
     notify("phase", {"phase": "probe", "steps": run.steps}, node_id)
     result = probe(run, cache, settings, cache_message=message, prompt=label)
     result.decode = frames_decoder(vae)

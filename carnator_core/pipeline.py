@@ -20,6 +20,7 @@ import torch
 
 from . import audit
 from .cache import CacheError, LookupResult, StoredEntry, TrajectoryCache
+from .cache_backend import open_cache as open_location
 from .entry_precision import from_entry, latent_keys, loaded_latent, stored_latent, to_entry
 from .gate import GateSettings, Plan, RiskModel, decide, risk_model_for
 from .keys import CompatibilityClass, shape_str
@@ -209,10 +210,11 @@ def guarded(cache: TrajectoryCache | None, what: str, fn, *args, default=None):
         return default
 
 
-def open_cache(folder: str, capacity_bytes: int) -> tuple[TrajectoryCache | None, str | None]:
-    """The cache, or None with a message a person can act on (the request still runs)."""
+def open_cache(location: str, capacity_bytes: int) -> tuple[TrajectoryCache | None, str | None]:
+    """The cache at a folder or postgresql:// URL, or None with a message a person can act
+    on (the request still runs)."""
     try:
-        return TrajectoryCache(folder, capacity_bytes), None
+        return open_location(location, capacity_bytes), None
     except (CacheError, sqlite3.Error, OSError) as e:
         log.warning("Carnator: %s", e)
         return None, str(e)

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from comfy_api.latest import io
 
 from ..carnator_core import pipeline
+from ..carnator_core.cache_backend import configured_location
 from ..carnator_core.cache import LookupResult
 from ..carnator_core.comfy_adapter import frames_decoder, notify, start_request
 from ..carnator_core.gate import Plan as GatePlan
@@ -70,7 +71,8 @@ class CarnatorCacheLookup(io.ComfyNode):
     @classmethod
     def execute(cls, probe, top_k, cache=None) -> io.NodeOutput:
         if cache is not None:
-            probe.cache, probe.cache_message = pipeline.open_cache(cache["folder"], cache["capacity_bytes"])
+            location = configured_location(cache.get("url")) or cache["folder"]
+            probe.cache, probe.cache_message = pipeline.open_cache(location, cache["capacity_bytes"])
         notify("phase", {"phase": "lookup"}, node_id_of(cls))
         return io.NodeOutput(CandidatesBundle(probe, pipeline.lookup(probe, top_k)))
 

@@ -33,6 +33,8 @@ import torch
 from aiohttp import web
 
 from ..carnator_core.cache import ENTRY_ID_RE, CacheError, TrajectoryCache
+from ..carnator_core.cache_backend import configured_location
+from ..carnator_core.cache_backend import open_cache as open_location
 from ..carnator_core.comfy_adapter import default_cache_folder, latent_rgb_factors, model_space
 
 log = logging.getLogger("carnator")
@@ -83,7 +85,9 @@ def json_errors(handler: Handler) -> Handler:
 
 # ------------------------------------------------------------------ input validation
 def open_cache() -> TrajectoryCache:
-    return TrajectoryCache(default_cache_folder())
+    """The cache the tab shows: the farm's database when CARNATOR_CACHE_URL is set, else the
+    default folder (both backends answer the same methods)."""
+    return open_location(configured_location(None) or default_cache_folder(), None)
 
 
 def query_int(request: web.Request, name: str, default: int, low: int, high: int) -> int:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from comfy_api.latest import io
 
+from ..carnator_core.cache_backend import is_database_url
 from ..carnator_core.cache_location import allowed_cache_folder, operator_roots
 from ..carnator_core.comfy_adapter import default_cache_folder
 from ..carnator_core.demo_text import BACKBONES, conditioning_for
@@ -18,12 +19,16 @@ class CarnatorCache(io.ComfyNode):
             inputs=[
                 io.String.Input("folder", default="", tooltip="Cache folder; empty means carnator_cache in ComfyUI's user directory. Must lie inside ComfyUI's user or output directory (a relative name is taken inside the user directory) or a folder listed in CARNATOR_CACHE_ROOTS. Several ComfyUI processes may share one folder."),
                 io.Float.Input("capacity_gb", default=8.0, min=0.01, max=10000.0, step=0.5, tooltip="Disk capacity; the least useful unpinned entries are evicted beyond it."),
+                io.String.Input("database_url", default="", optional=True, tooltip="A farm's shared cache: postgresql://user@host/db (needs the psycopg package). Empty uses the folder, or CARNATOR_CACHE_URL when the operator set it. Capacity, pins and eviction are shared by every worker on that database."),
             ],
             outputs=[CacheConfig.Output("cache", tooltip="Connect to Early Probe, Cache Lookup or Carnator Sampler.")],
         )
 
     @classmethod
-    def validate_inputs(cls, folder="", capacity_gb=8.0) -> bool | str:
+    def validate_inputs(cls, folder="", capacity_gb=8.0, database_url="") -> bool | str:
+        url = (database_url or "").strip()
+        if url and not is_database_url(url):
+            return f"database_url must start with postgresql:// (got {url.split(':')[0]!r}); leave it empty to use the folder"
         try:
             cache_folder(folder)
         except ValueError as e:
@@ -31,9 +36,10 @@ class CarnatorCache(io.ComfyNode):
         return True
 
     @classmethod
-    def execute(cls, folder, capacity_gb) -> io.NodeOutput:
+    def execute(cls, folder, capacity_gb, database_url="") -> io.NodeOutput:
         return io.NodeOutput({"folder": cache_folder(folder),
-                              "capacity_bytes": int(capacity_gb * 1024**3)})
+                              "capacity_bytes": int(capacity_gb * 1024**3),
+                              "url": (database_url or "").strip() or None})
 
 
 def cache_folder(folder: str) -> str:

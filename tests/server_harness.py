@@ -35,7 +35,7 @@ def free_port() -> int:
 
 class ComfyServer:
     def __init__(self, workdir: Path, port: int | None = None, startup_timeout: float = 180.0,
-                 host: Path | None = None):
+                 host: Path | None = None, env: dict[str, str] | None = None):
         self.workdir = Path(workdir)
         self.host = Path(host) if host else host_path()
         self.port = port or free_port()
@@ -45,6 +45,7 @@ class ComfyServer:
         self.user_dir = self.workdir / "user"
         self.output_dir = self.workdir / "output"
         self.client_id = uuid.uuid4().hex
+        self.extra_env = dict(env or {})  # e.g. CARNATOR_CACHE_URL for a farm worker
 
     @property
     def url(self) -> str:
@@ -65,6 +66,8 @@ class ComfyServer:
                "--database-url", f"sqlite:///{self.workdir / 'comfyui.db'}"]
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         env.pop("CARNATOR_CACHE_DIR", None)
+        env.pop("CARNATOR_CACHE_URL", None)
+        env.update(self.extra_env)
         self._log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(cmd, cwd=self.host, stdout=self._log, stderr=subprocess.STDOUT, env=env)
         deadline = time.time() + self.startup_timeout

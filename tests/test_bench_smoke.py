@@ -74,3 +74,14 @@ def test_audit_stream_benchmark_smoke(tmp_path):
     assert r["audits"] == r["audits_on"]["gate_hits"] == len(r["running"])  # every hit audited
     assert r["running"][-1]["audits"] >= 1 and (tmp_path / "audit_stream.png").is_file()
     assert r["audits_off"]["requests"] == 12
+
+
+def test_lookup_scale_benchmark_smoke(tmp_path):
+    """Both backends at 300 synthetic entries: rows written, repeats found every time."""
+    target = tmp_path / "lookup_scale.json"
+    run(["bench/lookup_scale.py", "--sizes", "300", "--queries", "20", "--out", str(target)])
+    rows = json.loads(target.read_text())["rows"]
+    assert {r["backend"] for r in rows} >= {"sqlite"}
+    for r in rows:
+        assert {"backend", "entries", "classes", "p50_ms", "p99_ms", "store_ms", "rss_mb"} <= set(r)
+        assert r["entries"] == 300 and r["top1_recall_repeat"] == 1.0
