@@ -98,9 +98,12 @@ def main(argv=None) -> dict:
     ap.add_argument("--risk-model", default=None, help="default: bench/results/calibration/<fingerprint>.json")
     ap.add_argument("--psnr-bound", type=float, default=30.0)
     ap.add_argument("--out", default=os.path.join(RESULTS, "audit_stream.json"))
+    ap.add_argument("--replot", action="store_true", help="redraw --out's plot from its JSON; run nothing")
     a = ap.parse_args(argv)
     from calibrate import _load_bench
     bench = _load_bench()
+    if a.replot:
+        return replot(a.out)
     from carnator_core.pipeline import ReuseSettings
     world = bench.World(bench.DEFAULT_MODEL)
     rm_path = a.risk_model or bench.default_risk_model(world.fingerprint)
@@ -153,12 +156,21 @@ def main(argv=None) -> dict:
     return result
 
 
-def plot(result: dict, path: str) -> str:
+def plot(result: dict, path: str, cap: float = 0.3) -> str:
+    """The audits of the class that tightened (else the most audited), with its interval
+    (values above ``cap`` drawn at the cap), against α and the true cumulative false-accept
+    rate with audits on and off."""
     from bench_tw import _pil_plot
-    run = result["running"]
-    series = [("audits: estimate", [(r["i"], r["rate"]) for r in run if r["rate"] is not None]),
-              ("audits: 90% upper", [(r["i"], r["upper"]) for r in run]),
-              ("audits: 90% lower", [(r["i"], r["lower"]) for r in run])]
+    counts: dict = {}
+    for r in result["running"]:
+        counts[r["klass"]] = counts.get(r["klass"], 0) + 1
+    tightened = [t["klass"] for t in result["tightenings"]]
+    klass = tightened[0] if tightened else max(counts, key=counts.get)
+    run = [r for r in result["running"] if r["klass"] == klass]
+    c = lambda v: min(v, cap)  # noqa: E731
+    series = [(f"audits ({klass}): estimate", [(r["i"], c(r["rate"])) for r in run if r["rate"] is not None]),
+              ("audits: 90% upper", [(r["i"], c(r["upper"])) for r in run]),
+              ("audits: 90% lower", [(r["i"], c(r["lower"])) for r in run])]
     n = result["audits_on"]["requests"]
     series.append((f"alpha = {result['budget']:g}", [(0, result["budget"]), (n, result["budget"])]))
     for label, recs in (("true FA, audits on (cumulative)", result["records"]["audits_on"]),
@@ -167,13 +179,21 @@ def plot(result: dict, path: str) -> str:
         for r in recs:
             if r["outcome"] == "hit":
                 hits, bad = hits + 1, bad + r["false_accept"]
-                pts.append((r["i"], bad / hits))
+                pts.append((r["i"], c(bad / hits)))
         series.append((label, pts))
     if result["first_tightened_at_request"] is not None:
         t = result["first_tightened_at_request"]
-        series.append(("gate tightened", [(t, 0.0), (t, 0.3)]))
-    _pil_plot(series, "request", "false-accept rate (level of the tightened class)", path, size=(900, 520))
+        series.append(("gate tightened", [(t, 0.0), (t, cap)]))
+    _pil_plot(series, "request", f"false-accept rate (audit counts restart at each level; capped at {cap:.0%})",
+              path, size=(900, 520))
     return os.path.relpath(path, REPO)
+
+
+def replot(path: str) -> None:
+    """Redraw a result file's plot without serving anything."""
+    with open(path) as f:
+        result = json.load(f)
+    plot(result, os.path.splitext(path)[0] + ".png")
 
 
 if __name__ == "__main__":
