@@ -50,7 +50,7 @@ from .cache_files import (ENTRY_ID_RE, CacheError, EntryDamaged, EntryUnreadable
                           write_usage)
 from .cache_descriptors import DescriptorIndex
 from .cache_entry import (DEFAULT_CAPACITY_BYTES, ENTRY_COLUMNS, LOG_ROWS_KEPT,  # noqa: F401
-                          Candidate, LookupResult, StoredEntry, _entries, prepare_entry,
+                          Candidate, LookupResult, StoredEntry, _entries, no_candidates, prepare_entry,
                           row_problem)
 from .cache_index import (UTILITY_ORDER, SqliteDescriptorSource, checked, file_identity,
                           forget_checked, put_entry, totals)
@@ -248,14 +248,7 @@ class TrajectoryCache(IndexRepair):
         in_class, reused = db.execute(
             "SELECT count(*), count(nullif(source_entry, '')) FROM entries WHERE class_key = ?",
             [class_key]).fetchone()
-        if in_class == 0:
-            return LookupResult([], "cache is empty" if total == 0 else
-                                f"cache holds {_entries(total)}, none for this model, latent "
-                                "shape, sigma schedule, sampler, cfg and seed")
-        if reused == in_class:
-            return LookupResult([], f"{_entries(in_class)} in this class, all made by reuse "
-                                "(kept for exact repeats, not as reuse sources)")
-        return LookupResult([], "no comparable entries (signature layout differs)")
+        return no_candidates(total, in_class, reused)
 
     def _usable_row(self, row: dict[str, Any]) -> dict[str, Any] | None:
         """The row, or its copy restored from the entry's own file when it is malformed."""

@@ -101,3 +101,15 @@ class LookupResult:
 
 def _entries(n: int) -> str:
     return f"{n} entr{'y' if n == 1 else 'ies'}"
+
+
+def no_candidates(total: int, in_class: int, reused: int) -> LookupResult:
+    """Why a lookup found nothing, from the cache's counts (both backends)."""
+    if in_class == 0:
+        return LookupResult([], "cache is empty" if total == 0 else
+                            f"cache holds {_entries(total)}, none for this model, latent "
+                            "shape, sigma schedule, sampler, cfg and seed")
+    if reused == in_class:
+        return LookupResult([], f"{_entries(in_class)} in this class, all made by reuse "
+                            "(kept for exact repeats, not as reuse sources)")
+    return LookupResult([], "no comparable entries (signature layout differs)")

@@ -34,7 +34,7 @@ import numpy as np
 import torch
 
 from .cache_entry import (ENTRY_COLUMNS, LOG_ROWS_KEPT, Candidate, LookupResult, StoredEntry,
-                          _entries, prepare_entry, row_problem)
+                          _entries, no_candidates, prepare_entry, row_problem)
 from .cache_descriptors import DescriptorIndex
 from .cache_files import (CacheError, EntryDamaged, EntryUnreadable, kill_point,
                           pause_point, read_entry_from, valid_entry_id)
@@ -218,14 +218,7 @@ class PostgresCache:
         cur.execute("SELECT count(*), count(nullif(source_entry, '')) FROM carnator_entries "
                     "WHERE class_key = %s", [class_key])
         in_class, reused = cur.fetchone()
-        if in_class == 0:
-            return LookupResult([], "cache is empty" if total == 0 else
-                                f"cache holds {_entries(total)}, none for this model, latent "
-                                "shape, sigma schedule, sampler, cfg and seed")
-        if reused == in_class:
-            return LookupResult([], f"{_entries(in_class)} in this class, all made by reuse "
-                                "(kept for exact repeats, not as reuse sources)")
-        return LookupResult([], "no comparable entries (signature layout differs)")
+        return no_candidates(total, in_class, reused)
 
     def load_tensors(self, entry_id: str, names: list[str] | None = None) -> dict[str, torch.Tensor] | None:
         """Verified tensors of an entry, or None (reported). Damage quarantines it.
