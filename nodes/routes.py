@@ -317,10 +317,11 @@ async def get_calibration(request: web.Request) -> web.Response:
     def status() -> dict[str, Any]:
         from ..carnator_core.calibration_status import known_fingerprints, model_status
         cache = open_cache()
-        seen = [r.get("model_fingerprint") for r in cache.list_entries(0, 1000)]
-        models = [model_status(cache.folder, fp) for fp in known_fingerprints(cache.folder, [f for f in seen if f])]
+        rows = cache.list_entries(0, 1000)  # newest first
+        seen = [r["model_fingerprint"] for r in rows if r.get("model_fingerprint")]
+        models = [model_status(cache.folder, fp) for fp in known_fingerprints(cache.folder, seen)]
         for m in models:  # what the page shows next to each model: its latest entry's prompt
-            m["example"] = next((r.get("prompt") for r in cache.list_entries(0, 1000)
+            m["example"] = next((r.get("prompt") for r in rows
                                  if r.get("model_fingerprint") == m["fingerprint"]), None)
         return {"models": models}
     return web.json_response(await asyncio.to_thread(status))
