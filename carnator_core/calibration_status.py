@@ -8,14 +8,17 @@ from . import audit
 from .gate import RiskModel, risk_model_for
 
 
-def model_status(cache_folder: str | Path, fingerprint: str) -> dict:
-    """The gate's calibration and audits for one model fingerprint."""
+def model_status(cache_folder: str | Path, fingerprint: str, model: RiskModel | None = None) -> dict:
+    """The gate's calibration and audits for one model fingerprint (``model``: the risk model
+    already loaded for it, so a request does not read the file twice)."""
     folder = Path(cache_folder)
     where = "cache" if (folder / "calibration" / f"{fingerprint}.json").is_file() else None
-    try:
-        model, problem = risk_model_for(folder, fingerprint), None
-    except ValueError as e:
-        model, problem = RiskModel(), str(e)
+    problem = None
+    if model is None:
+        try:
+            model = risk_model_for(folder, fingerprint)
+        except ValueError as e:
+            model, problem = RiskModel(), str(e)
     out = {"fingerprint": fingerprint, "calibrated": bool(model.calibrated and where),
            "where": where, "source": model.source, "measured_reuses": model.measured_reuses,
            "tolerance": model.tolerance, "confidence": model.confidence,

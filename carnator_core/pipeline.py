@@ -413,7 +413,8 @@ def reuse(pr: ProbeResult, plan: Plan) -> tuple[torch.Tensor, Summary]:
     s.stored_id = _store(pr, record, final, plan if outcome == "hit" else None, own_connectivity)
     if pr.cache is not None:
         s.calibration = guarded(pr.cache, "reading the calibration status", lambda: status_line(
-            model_status(pr.cache.folder, pr.klass.model_fingerprint), pr.settings.gate.risk_budget),
+            model_status(pr.cache.folder, pr.klass.model_fingerprint, pr.gate_model),
+            pr.settings.gate.risk_budget),
             default="") or ""
     _finish_summary(pr, s, notes)
     return final, s
