@@ -6,7 +6,7 @@ checker-based one (bench/calibrate.py).
     .venv/bin/python bench/self_calibrate.py                       # fit from the measurements
 
 Only what a user's model offers is used: prompt pairs from ``carnator_core.prompt_pairs``
-(its English edit operators applied to base prompts — here the anchor prompts of
+(``derived_pairs``: its English edit operators, single and chained, applied to base prompts — here the anchor prompts of
 bench/workloads/calibration.jsonl, standing in for "the user's own prompt list"; none of the
 tiny world's pair kinds, generator or checker), labels by PSNR of the decoded frames against
 the request's own full computation (``--psnr-bound``, 30 dB as the benchmark's). Writes the
@@ -47,7 +47,8 @@ def base_prompts() -> list[str]:
 
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--pairs", type=int, default=360)
+    ap.add_argument("--pairs", type=int, default=480,
+                    help="pairs to measure: 3/4 single edits, 1/4 chains of edits (prompt_pairs.derived_pairs)")
     ap.add_argument("--seed", type=int, default=700_000, help="pair i runs with seed + i")
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--cfg", type=float, default=4.0)
@@ -73,7 +74,7 @@ def main(argv=None) -> dict:
     fp = world.fingerprint
     settings = ReuseSettings(probe_fraction=0.1, gate=GateSettings())
     tolerance = SC.Tolerance(a.psnr_bound, "frames")
-    pairs = PP.pairs(PP.BUILTIN_PROMPTS if a.builtin_prompts else base_prompts(), a.pairs, seed=1)
+    pairs = PP.derived_pairs(PP.BUILTIN_PROMPTS if a.builtin_prompts else base_prompts(), a.pairs, seed=1)
     make_run = lambda prompt, seed: world.new_run(prompt, seed, "same_seed")  # noqa: E731
     os.makedirs(a.out, exist_ok=True)
     t0 = time.time()
@@ -102,7 +103,7 @@ def main(argv=None) -> dict:
                                  decode=world.video, include_audits=False, on_pair=on_pair)
     report["seconds_fit"] = round(time.time() - t0, 1)
     report["base_prompts"] = "builtin" if a.builtin_prompts else "calibration.jsonl anchors"
-    report["pair_kinds"] = {k: sum(p["kind"] == k for p in pairs) for k in PP.KINDS}
+    report["pair_kinds"] = {k: sum(p["kind"] == k for p in pairs) for k in PP.KINDS + ("chain",)}
     shutil.copy(os.path.join(cache, "calibration", f"{fp}.json"), os.path.join(a.out, f"{fp}.json"))
     with open(os.path.join(a.out, "report.json"), "w") as f:
         json.dump(report, f, indent=1)

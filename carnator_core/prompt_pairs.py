@@ -64,6 +64,9 @@ EXTRA_OBJECTS = ("a {c} ball bounces in the top right", "a {c} bird flies to the
 
 KINDS = ("paraphrase", "colour", "mirror", "left_right", "motion", "speed", "add_object",
          "remove_object", "unrelated")
+# An editing session reuses the last request computed in full, often a few edits back:
+# "chain" applies two or three of these in a row (``pairs(kinds=("chain",))``).
+CHAIN_STEPS = ("paraphrase", "colour", "mirror", "left_right", "motion", "speed", "add_object")
 
 WORD = re.compile(r"[A-Za-z]+")
 
@@ -121,8 +124,12 @@ def edit(prompt: str, kind: str, rng: random.Random, others: list[str] = ()) -> 
     elif kind == "unrelated":
         pool = [p for p in others if p != prompt]
         out = rng.choice(pool) if pool else None
+    elif kind == "chain":
+        out = prompt
+        for step in rng.sample(CHAIN_STEPS, rng.choice((2, 3))):
+            out = edit(out, step, rng, others) or out
     else:
-        raise ValueError(f"unknown pair kind {kind!r} (known: {', '.join(KINDS)})")
+        raise ValueError(f"unknown pair kind {kind!r} (known: {', '.join(KINDS + ('chain',))})")
     return out if out and out != prompt else None
 
 
@@ -152,6 +159,17 @@ def pairs(base_prompts: list[str] | tuple[str, ...] = BUILTIN_PROMPTS, n: int = 
     return out
 
 
+def derived_pairs(base_prompts, n: int, seed: int = 0) -> list[dict]:
+    """What a calibration measures: three quarters single edits of every kind, one quarter
+    chains of edits (what an editing session offers), numbered in that order."""
+    chains = n // 4
+    out = pairs(base_prompts, n - chains, seed=seed)
+    if chains:
+        out += [{**p, "group": len(out) + i}
+                for i, p in enumerate(pairs(base_prompts, chains, ("chain",), seed=seed + 1))]
+    return out
+
+
 def pairs_from_text(text: str, n: int, seed: int = 0) -> list[dict]:
     """Pairs from a user's list (one prompt per line). A line ``A || B`` is a pair as given;
     plain lines are base prompts the operators derive pairs from. Empty: the built-in list."""
@@ -161,6 +179,6 @@ def pairs_from_text(text: str, n: int, seed: int = 0) -> list[dict]:
     out = [{"a": a.strip(), "b": b.strip(), "kind": "given", "group": i}
            for i, (a, b, *_) in enumerate(given)]
     if len(out) < n:
-        derived = pairs(plain or BUILTIN_PROMPTS, n - len(out), seed=seed)
+        derived = derived_pairs(plain or BUILTIN_PROMPTS, n - len(out), seed=seed)
         out += [{**p, "group": len(out) + i} for i, p in enumerate(derived)]
     return out

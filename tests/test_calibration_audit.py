@@ -33,6 +33,10 @@ def test_prompt_pairs_apply_each_operator_and_keep_given_pairs():
     mixed = prompt_pairs.pairs_from_text("a cat || a dog\n# comment\na red car drives to the left", 5)
     assert mixed[0] == {"a": "a cat", "b": "a dog", "kind": "given", "group": 0}
     assert len(mixed) == 5 and {p["group"] for p in mixed} == set(range(5))
+    chains = prompt_pairs.pairs(n=12, kinds=("chain",), seed=2)
+    changed = [sum(x != y for x, y in zip(p["a"].split(), p["b"].split())) + abs(len(p["a"].split()) - len(p["b"].split()))
+               for p in chains]
+    assert all(c >= 1 for c in changed) and sum(c >= 2 for c in changed) >= 9  # edits in a row
     with pytest.raises(ValueError, match="base prompts"):
         prompt_pairs.pairs(["zzz"], n=20, kinds=("colour",))
 
