@@ -107,6 +107,12 @@ class AuditLog:
     def close(self) -> None:
         self.db.close()
 
+    def __enter__(self) -> "AuditLog":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
     def levels(self, fingerprint: str, calibration: str, alpha: float) -> dict[str, int]:
         rows = self.db.execute("SELECT klass, level FROM audit_levels WHERE fingerprint=? AND "
                                "calibration=? AND alpha=?", (fingerprint, calibration, alpha))

@@ -25,11 +25,8 @@ def model_status(cache_folder: str | Path, fingerprint: str, model: RiskModel | 
            "certified_budgets": sorted({float(a) for t in model.thresholds.values() for a in t}),
            "problem": problem, "audits": {}}
     if (folder / audit.DB_NAME).exists():
-        log = audit.AuditLog(folder)
-        try:
+        with audit.AuditLog(folder) as log:
             out["audits"] = log.status(fingerprint, audit.calibration_id(model))
-        finally:
-            log.close()
     return out
 
 
@@ -41,11 +38,8 @@ def known_fingerprints(cache_folder: str | Path, from_entries: list[str] = ()) -
     if cal.is_dir():
         found |= {p.stem for p in cal.glob("*.json") if "." not in p.stem}
     if (folder / audit.DB_NAME).exists():
-        log = audit.AuditLog(folder)
-        try:
+        with audit.AuditLog(folder) as log:
             found |= {r[0] for r in log.db.execute("SELECT DISTINCT fingerprint FROM audits")}
-        finally:
-            log.close()
     return sorted(found)
 
 

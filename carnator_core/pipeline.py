@@ -300,11 +300,8 @@ def _audited(pr: ProbeResult, model: RiskModel, alpha: float) -> tuple[RiskModel
         return model, alpha, ""  # never audited: no file made for users who do not audit
 
     def levels():
-        log_ = audit.AuditLog(pr.cache.folder)
-        try:
+        with audit.AuditLog(pr.cache.folder) as log_:
             return log_.levels(pr.klass.model_fingerprint, audit.calibration_id(model), alpha)
-        finally:
-            log_.close()
     got = guarded(pr.cache, "reading the audit levels", levels, default={}) or {}
     if not any(got.values()):
         return model, alpha, ""
@@ -441,13 +438,10 @@ def _audit(pr: ProbeResult, plan: Plan, final: torch.Tensor) -> dict:
     fp, alpha = pr.klass.model_fingerprint, pr.settings.gate.risk_budget
 
     def record():
-        log_ = audit.AuditLog(pr.cache.folder)
-        try:
+        with audit.AuditLog(pr.cache.folder) as log_:
             return log_.record(fp, audit.calibration_id(model), alpha, plan.features,
                                model.score(plan.features) if model.thresholds else plan.risk,
                                plan.reuse_step, n, q, label, tol["space"], plan.entry_id, pr.exact_key)
-        finally:
-            log_.close()
     state = guarded(pr.cache, "recording the audit", record) or {}
     text = (f"audited: PSNR {q:.1f} dB vs its full computation ({tol['space']}, bound "
             f"{tol['psnr_bound']:g} dB): {'BEYOND' if label else 'within'} tolerance")

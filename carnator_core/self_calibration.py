@@ -183,11 +183,8 @@ def calibrate(make_run: Callable[[str, int], object], pairs: list[dict], setting
                         decode, on_pair=on_pair)
     audits = []
     if include_audits and (Path(cache_folder) / DB_NAME).exists():
-        log_ = AuditLog(cache_folder)
-        try:
+        with AuditLog(cache_folder) as log_:
             audits = log_.audit_instances(fingerprint, tolerance)
-        finally:
-            log_.close()
     model, report = CAL.fit_and_certify(instances + audits, RiskModel().region_threshold,
                                         delta=delta, tolerance=tolerance.as_dict(),
                                         max_region_fraction=settings.gate.max_region_fraction)
