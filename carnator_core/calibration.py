@@ -162,6 +162,7 @@ def fit_and_certify(instances: list[dict], region_threshold: float, delta: float
                      f"held-out pairs at {1 - delta:.0%} confidence")
     rows, labels = rows_of(instances)
     model.tolerance, model.measured_reuses = tolerance, len(rows)
+    model.finish_calls = measured_finish(instances)
     report = {
         "instances": len(instances), "measured_reuses": len(rows), "exceeded_tolerance": sum(labels),
         "train_instances": len(train), "heldout_instances": len(held), "form": form,
@@ -173,6 +174,18 @@ def fit_and_certify(instances: list[dict], region_threshold: float, delta: float
                             for k in sorted({str(i.get("kind")) for i in held})},
     }
     return model, report
+
+
+def measured_finish(instances: list[dict]) -> dict[str, int]:
+    """Per evidence class, the guided finish its reuses were measured with, when every
+    measured reuse of the class used the same one: the certified thresholds hold for that
+    finish only, so a class measured any other way (or mixed) finishes every step."""
+    seen: dict[str, set[int]] = {}
+    for inst in instances:
+        klass = evidence_class(inst["features"])
+        for d in inst["depths"]:
+            seen.setdefault(klass, set()).add(int(d.get("finish_calls", 0)))
+    return {klass: calls.pop() for klass, calls in seen.items() if len(calls) == 1 and 0 not in calls}
 
 
 def calibration_path(cache_folder: str | Path, model_fingerprint: str) -> Path:

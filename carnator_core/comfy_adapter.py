@@ -136,6 +136,7 @@ class StepRecorder:
     n_context: int = 0                       # text tokens of the current model call
     attention_layer: int = 0                 # self-attention calls seen in this model call
     joint_text_first: bool = False           # joint attention puts text tokens before image ones
+    guide: Any = None                        # guided_finish.GuidedFinish of a reuse's finish
 
     def step_of(self, sigma: torch.Tensor | None) -> int | None:
         if sigma is None:
@@ -174,6 +175,22 @@ def patched_for_recording(model, recorder: StepRecorder):
 
     m.add_wrapper_with_key(comfy.patcher_extension.WrappersMP.DIFFUSION_MODEL, WRAPPER_KEY,
                            count_calls)
+
+    def guided_prediction(executor, x, timestep, model_options={}, seed=None):  # noqa: B006 - ComfyUI's signature
+        # the guided (CFG-combined) x̂0 of one sampler evaluation: predicted from the stored
+        # trajectory at the steps a guided finish skips, computed (and observed) at the others
+        guide, step = recorder.guide, recorder.step_of(timestep)
+        if guide is not None:
+            predicted = guide.predict(step)
+            if predicted is not None:
+                return predicted.to(device=x.device, dtype=x.dtype)
+        out = executor(x, timestep, model_options, seed)
+        if guide is not None:
+            guide.observe(step, out)
+        return out
+
+    m.add_wrapper_with_key(comfy.patcher_extension.WrappersMP.PREDICT_NOISE, WRAPPER_KEY,
+                           guided_prediction)
     install_attention_override(m, recorder)
     blocks = _find_block_list(m.get_model_object("diffusion_model"))
     if blocks is None:
@@ -334,13 +351,15 @@ class ComfyRun:
 
     # sampling
     def sample(self, start: int, end: int, boundary_latent: torch.Tensor | None,
-               on_step: StepCallback | None = None, capture_steps: set[int] = frozenset()) -> torch.Tensor:
+               on_step: StepCallback | None = None, capture_steps: set[int] = frozenset(),
+               guide=None) -> torch.Tensor:
         """Run steps start..end-1; returns the latent at step ``end`` in ComfyUI's
         between-samplers form (what KSamplerAdvanced passes on).
 
         ``boundary_latent`` None starts from the request's own noise (step 0).
         ``on_step(step, x, x0_hat)`` sees the sampler-space x at each step and the guided
-        denoised estimate computed from it.
+        denoised estimate computed from it. ``guide`` (a ``GuidedFinish``) replaces the model
+        at the steps it predicts.
         """
         if end <= start:
             return boundary_latent if boundary_latent is not None else self.latent_image
@@ -356,7 +375,11 @@ class ComfyRun:
             if self.progress is not None:
                 self.progress.update_absolute(step + 1, self.steps)
 
-        return self._sample_sigmas(self.sigmas[start:end + 1], latent, noise, callback)
+        self.recorder.guide = guide
+        try:
+            return self._sample_sigmas(self.sigmas[start:end + 1], latent, noise, callback)
+        finally:
+            self.recorder.guide = None
 
     def jump(self, start: int, end: int, boundary_latent: torch.Tensor, calls: int) -> torch.Tensor:
         """The request's own trajectory from step ``start`` to ``end`` in ``calls`` model steps

@@ -76,6 +76,9 @@ class RiskModel:
     # "space": "frames" | "latent"}): live audits label reuses by the same rule.
     tolerance: dict | None = None
     measured_reuses: int = 0  # reuses behind the fit and the thresholds (0: the prior)
+    # Model calls of the guided finish a class's reuses were measured with (guided_finish.py;
+    # {"same_scene": 3}); a class not named finishes every remaining step, as measured.
+    finish_calls: dict[str, int] = field(default_factory=dict)
 
     def scaled(self, features: dict[str, float]) -> dict[str, float]:
         """The evidence as the weights see it (depth_fraction passes through)."""

@@ -22,11 +22,12 @@ from . import audit
 from .cache import CacheError, LookupResult, StoredEntry, TrajectoryCache
 from .cache_backend import open_cache as open_location
 from .entry_precision import from_entry, latent_keys, loaded_latent, stored_latent, to_entry
-from .gate import GateSettings, Plan, RiskModel, decide, risk_model_for
+from .gate import GateSettings, Plan, RiskModel, decide, evidence_class, risk_model_for
 from .keys import CompatibilityClass, shape_str
 from .sparse_reuse import CONNECTIVITY_KEYS, Connectivity, SparseSettings
 from .calibration_status import model_status, status_line
 from .tolerance import psnr
+from .guided_finish import GuidedFinish
 from .signature import (EarlySignature, pool_latent_tiles, pool_token_tiles, tile_grid_for,
                         tiles_to_latent_mask)
 
@@ -47,6 +48,10 @@ class ReuseSettings:
     store: bool = True
     entry_dtype: str = "int8"       # how snapshots and the final latent are stored (entry_precision.py)
     audit_rate: float = 0.0         # share of hits also computed in full to check α (audit.py)
+    # Model calls that finish a same-scene reuse after k*, the steps between predicted from
+    # the candidate's stored x̂0 (guided_finish.py). A calibration measures its labels with
+    # it; the gate uses it only where the calibration did. 0: every remaining step.
+    same_scene_finish_calls: int = 3
 
     def probe_steps(self, steps: int) -> int:
         return max(1, min(steps - 1, math.ceil(self.probe_fraction * steps)))
@@ -66,9 +71,12 @@ class TrajectoryRecord:
         self.grid = tile_grid_for(run.latent_shape)
         self.thw = tuple(run.latent_shape[-3:])
         self.snapshot_steps = set(snapshot_steps)
+        # x̂0 at the snapshots and the last step: what a guided finish follows (guided_finish.py)
+        self.denoised_steps = self.snapshot_steps | ({run.steps - 1} if snapshot_steps else set())
         self.xhat: dict[int, torch.Tensor] = {}
         self.features: dict[int, torch.Tensor] = {}
         self.snapshots: dict[int, torch.Tensor] = {}
+        self.denoised: dict[int, torch.Tensor] = {}
         self.last_x0: torch.Tensor | None = None
 
     def on_step(self, step: int, x: torch.Tensor, x0: torch.Tensor) -> None:
@@ -81,6 +89,8 @@ class TrajectoryRecord:
                 self.features[step] = tiles
         if step in self.snapshot_steps:
             self.snapshots[step] = to_entry(x, self.dtype)
+        if step in self.denoised_steps:
+            self.denoised[step] = to_entry(x0, self.dtype)
 
     def fork(self, snapshots: bool = True) -> "TrajectoryRecord":
         """A copy to continue into, so a probe re-used by ComfyUI's node cache stays clean.
@@ -88,6 +98,7 @@ class TrajectoryRecord:
         other = TrajectoryRecord(self.run, sorted(self.snapshot_steps) if snapshots else [], self.dtype)
         other.xhat, other.features = dict(self.xhat), dict(self.features)
         other.snapshots = dict(self.snapshots) if snapshots else {}
+        other.denoised = dict(self.denoised) if snapshots else {}
         other.last_x0 = self.last_x0
         return other
 
@@ -104,6 +115,8 @@ class TrajectoryRecord:
             out["feature_tiles"] = torch.stack([self.features[s] for s in fsteps])
         for k, x in self.snapshots.items():
             out.update(stored_latent(f"snapshot.{k}", x, self.dtype))
+        for k, x in self.denoised.items():
+            out.update(stored_latent(f"denoised.{k}", x, self.dtype))
         return out
 
 
@@ -348,6 +361,42 @@ def _start_from_candidate(pr: ProbeResult, plan: Plan) -> tuple[torch.Tensor | N
                        pr.x_probe, pr.probe_steps, k, pr.settings.region_fill_calls)
 
 
+def finish_calls_for(model: RiskModel | None, settings: ReuseSettings, features: dict | None) -> int:
+    """Model calls of the guided finish for a reuse with this evidence: what its class was
+    calibrated with, if the user left guided finishes on; 0 = every remaining step."""
+    if model is None or not features or settings.same_scene_finish_calls <= 0:
+        return 0
+    return int(model.finish_calls.get(evidence_class(features), 0))
+
+
+def guided_finish_for(run, stored: dict[int, torch.Tensor], start: int, calls: int) -> GuidedFinish | None:
+    """A guided finish from ``start`` on these stored x̂0 (step → latent), or None when
+    they cannot guide it (an entry written before x̂0 was stored)."""
+    if calls <= 0:
+        return None
+    try:
+        return GuidedFinish(run.sigmas, stored, start, calls)
+    except ValueError:
+        return None
+
+
+def _guided_finish(pr: ProbeResult, plan: Plan, notes: list[str]) -> GuidedFinish | None:
+    calls = finish_calls_for(pr.gate_model, pr.settings, plan.features)
+    if calls <= 0:
+        return None
+    entry_steps = guarded(pr.cache, "reading the candidate", pr.cache.get, plan.entry_id)
+    steps = (entry_steps.snapshot_steps if entry_steps is not None else []) + [pr.run.steps - 1]
+    keys = [key for s in steps for key in latent_keys(f"denoised.{s}")]
+    tensors = guarded(pr.cache, "reading the stored x̂0", pr.cache.load_tensors, plan.entry_id, keys) or {}
+    device = pr.record.last_x0.device
+    stored = {s: loaded_latent(tensors, f"denoised.{s}", device) for s in steps
+              if f"denoised.{s}" in tensors}
+    guide = guided_finish_for(pr.run, stored, plan.reuse_step, calls)
+    if guide is None:
+        notes.append(f"entry {plan.entry_id[:8]} has no stored x̂0 to guide the finish: every step computed")
+    return guide
+
+
 def fill_region(run, stored_x_k: torch.Tensor, region_tiles: torch.Tensor,
                 grid: tuple[int, int, int], x0_probe: torch.Tensor, x_probe: torch.Tensor,
                 probe_steps: int, k: int, calls: int) -> tuple[torch.Tensor, int]:
@@ -391,8 +440,13 @@ def reuse(pr: ProbeResult, plan: Plan) -> tuple[torch.Tensor, Summary]:
     resume_at = plan.reuse_step if start is not None else pr.probe_steps
     _plan_attention(pr, plan if start is not None else None, own_connectivity, resume_at)
     if start is not None:
-        final = run.sample(plan.reuse_step, n, start, record.on_step)
-        outcome, computed = "hit", pr.probe_steps + fill_steps + (n - plan.reuse_step)
+        guide = _guided_finish(pr, plan, notes)
+        final = run.sample(plan.reuse_step, n, start, record.on_step, guide=guide)
+        predicted = guide.predicted if guide is not None else 0
+        outcome, computed = "hit", pr.probe_steps + fill_steps + (n - plan.reuse_step) - predicted
+        if guide is not None:
+            notes.append(f"guided finish: {n - plan.reuse_step - predicted} of the {n - plan.reuse_step} "
+                         f"steps after k* computed, {predicted} followed the stored trajectory")
     else:
         final = run.sample(pr.probe_steps, n, pr.x_probe, record.on_step)
         outcome, computed = "miss", n

@@ -24,8 +24,8 @@ from typing import Callable
 
 import torch
 
-from .gate import RiskModel, evidence
-from .pipeline import ReuseSettings, TrajectoryRecord, fill_region
+from .gate import RiskModel, evidence, evidence_class
+from .pipeline import ReuseSettings, TrajectoryRecord, fill_region, guided_finish_for
 from .tolerance import Tolerance, psnr
 
 
@@ -79,6 +79,9 @@ def measure_direction(request: FullRun, candidate: FullRun, new_run: Callable[[]
         inst["features_step0"] = evidence(new0, old0, new0.similarity(old0), region_threshold)[0]
     if feats["region_fraction"] > settings.gate.max_region_fraction:
         return inst  # the gate rejects it before any depth
+    # a same-scene reuse is measured with the guided finish the gate will run it with
+    calls = settings.same_scene_finish_calls if evidence_class(feats) == "same_scene" else 0
+    stored_x0 = {s: x.float() for s, x in candidate.record.denoised.items()}
     for k in reuse_depths(settings, steps):
         run = new_run()
         x_k = candidate.record.snapshots[k].float()
@@ -87,14 +90,19 @@ def measure_direction(request: FullRun, candidate: FullRun, new_run: Callable[[]
                                       request.x_probe, p, k, settings.region_fill_calls)
         else:
             start, fill = run.boundary_from_sampler_space(x_k, k), 0
-        final = run.sample(k, steps, start)
+        guide = guided_finish_for(run, stored_x0, k, calls)
+        final = run.sample(k, steps, start, guide=guide)
+        finish = {"finish_calls": calls, "predicted_steps": guide.predicted} if guide else {}
         inst["depths"].append({"k": k, "depth_fraction": k / steps, "fill_steps": fill,
-                               **outcome(final)})
+                               **finish, **outcome(final)})
     return inst
 
 
-def pair_id(pair: dict, seed: int, steps: int) -> str:
-    return hashlib.sha256(json.dumps([pair["a"], pair["b"], seed, steps]).encode()).hexdigest()[:16]
+def pair_id(pair: dict, seed: int, steps: int, finish_calls: int = 0) -> str:
+    """A measured pair's key in the progress file: a pair measured with another guided
+    finish has other labels, so it is measured again (0 keeps the ids of older files)."""
+    key = [pair["a"], pair["b"], seed, steps] + ([f"finish:{finish_calls}"] if finish_calls else [])
+    return hashlib.sha256(json.dumps(key).encode()).hexdigest()[:16]
 
 
 def progress_path(calibration_file: str | Path) -> Path:
@@ -136,7 +144,7 @@ def measure(pairs: list[dict], make_run: Callable[[str, int], object], settings:
     instances: list[dict] = []
     Path(progress_file).parent.mkdir(parents=True, exist_ok=True)
     for i, pair in enumerate(pairs):
-        pid = pair_id(pair, seed, steps)
+        pid = pair_id(pair, seed, steps, settings.same_scene_finish_calls)
         if pid not in done:
             done[pid] = _measure_pair(pair, seed + int(pair["group"]), make_run, settings, tolerance,
                                       decode, region_threshold, snaps, p)

@@ -61,6 +61,13 @@ def audit_inputs() -> list:
     ]
 
 
+def finish_inputs() -> list:
+    return [
+        io.Boolean.Input("guided_finish", default=True, optional=True,
+                         tooltip="On a same-scene hit, compute only a few of the steps after k* and follow the matched entry's stored trajectory between them — only where this model's calibration measured that finish (else every step runs)."),
+    ]
+
+
 def sparse_inputs() -> list:
     return [
         io.Boolean.Input("sparse_attention", default=True, optional=True,

@@ -16,9 +16,15 @@ def sparse_settings(sparse_attention=None, keep_mass=None, min_density=None, ref
 
 
 def reuse_settings(probe_fraction: float, snapshot_count: int | None = None,
-                   audit_rate: float | None = None, **gate) -> ReuseSettings:
+                   audit_rate: float | None = None, guided_finish: bool | None = None, **gate) -> ReuseSettings:
     return ReuseSettings(probe_fraction=probe_fraction, snapshot_count=snapshot_count or ReuseSettings.snapshot_count,
-                         gate=gate_settings(**gate), audit_rate=audit_rate_or_default(audit_rate))
+                         gate=gate_settings(**gate), audit_rate=audit_rate_or_default(audit_rate),
+                         same_scene_finish_calls=finish_calls(guided_finish))
+
+
+def finish_calls(guided_finish: bool | None) -> int:
+    """The node's guided-finish switch as ReuseSettings' calls (off: every step)."""
+    return ReuseSettings.same_scene_finish_calls if guided_finish in (None, True) else 0
 
 
 def audit_rate_or_default(rate: float | None) -> float:
