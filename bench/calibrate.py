@@ -110,6 +110,9 @@ def main(argv=None) -> dict:
     ap.add_argument("--groups-from", type=int, default=None, help="only pair groups from this number on")
     ap.add_argument("--fill-calls", type=int, default=None,
                     help="model steps filling region M on a reuse (ReuseSettings.region_fill_calls)")
+    ap.add_argument("--same-scene-groups-of", nargs="+", default=None, metavar="JSONL",
+                    help="only the pair groups with same-scene evidence in these measurement files "
+                         "(re-measure them after changing the guided finish; merge with --replace-into)")
     ap.add_argument("--form", choices=("linear", "interaction"), default="interaction",
                     help="risk model form (carnator_core.gate.RiskModel.fit)")
     a = ap.parse_args(argv)
@@ -138,6 +141,11 @@ def main(argv=None) -> dict:
             lines = [ln for ln in lines if ln.get("kind") in a.kinds]
         if a.groups_from is not None:  # measure only pairs added since the last measurement
             lines = [ln for ln in lines if int(group_of(ln)) >= a.groups_from]
+        if a.same_scene_groups_of:
+            from carnator_core.gate import evidence_class
+            keep = {str(i["group"]) for path in a.same_scene_groups_of for i in CAL.load_instances(path)
+                    if evidence_class(i["features"]) == "same_scene"}
+            lines = [ln for ln in lines if str(group_of(ln)) in keep]
         groups = list(dict.fromkeys(group_of(ln) for ln in lines))
         if a.limit_pairs:
             groups = groups[:a.limit_pairs]

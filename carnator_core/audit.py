@@ -89,7 +89,8 @@ def tightened(model: RiskModel, alpha: float, levels: dict[str, int]) -> tuple[R
     for klass, table in model.thresholds.items():
         # the gate uses the largest certified budget ≤ α: drop that many from the top
         within = sorted((b for b in table if float(b) <= alpha + 1e-12), key=float)
-        dropped = set(within[max(0, len(within) - levels.get(klass, 0)):]) if levels.get(klass, 0) else set()
+        level = levels.get(klass.split(":")[0], 0)  # a class's guided-finish thresholds tighten with it
+        dropped = set(within[max(0, len(within) - level):]) if level else set()
         out.thresholds[klass] = {b: lam for b, lam in table.items() if b not in dropped}
     return out, alpha
 

@@ -17,7 +17,7 @@ import json
 import random
 from pathlib import Path
 
-from .gate import EVIDENCE_CLASSES, FEATURES, RiskModel, evidence_class
+from .gate import EVIDENCE_CLASSES, FEATURES, RiskModel, evidence_class, finish_cost, option_key
 from .risk_control import certify, clopper_pearson_upper
 
 
@@ -29,9 +29,10 @@ def exceeds_tolerance(psnr: float, checker_ok_reference: bool, checker_ok: bool,
 
 
 def rows_of(instances: list[dict]) -> tuple[list[dict], list[int]]:
+    """Fit rows: reuses finished every step (the ranking the thresholds of every finish use)."""
     rows, labels = [], []
     for inst in instances:
-        for d in inst["depths"]:
+        for d in _finished(inst["depths"], 0):
             rows.append({**inst["features"], "depth_fraction": d["depth_fraction"]})
             labels.append(int(d["label"]))
     return rows, labels
@@ -63,19 +64,32 @@ def fit(instances: list[dict], region_threshold: float, l2: float = 1e-3,
 
 def gate_decision(model: RiskModel, inst: dict, alpha: float, max_region_fraction: float = 0.5,
                   min_k: int | None = None, max_k: int | None = None) -> dict | None:
-    """What the gate would accept for this instance at budget α: the deepest depth the risk
-    model accepts (``gate.decide``'s rule), or None."""
+    """What the gate would accept for this instance at budget α (``gate.decide``'s rule):
+    per finish the deepest depth the risk model accepts, then the finish computing least;
+    or None."""
     if inst["features"]["region_fraction"] > max_region_fraction:
         return None
-    for d in sorted(_depths(inst, min_k, max_k), key=lambda d: -d["k"]):
-        f = {**inst["features"], "depth_fraction": d["depth_fraction"]}
-        if model.accepts(f, alpha):
-            return {**d, "risk": model.risk(f)}
-    return None
+    picks = []
+    for calls in model.finish_options(inst["features"]):
+        for d in sorted(_depths(inst, min_k, max_k, calls), key=lambda d: -d["k"]):
+            f = {**inst["features"], "depth_fraction": d["depth_fraction"]}
+            if model.accepts(f, alpha, calls):
+                picks.append({**d, "risk": model.risk(f)})
+                break
+    return min(picks, key=lambda d: (_cost(d), d.get("finish_calls", 0))) if picks else None
 
 
-def _depths(inst: dict, min_k: int | None, max_k: int | None) -> list[dict]:
-    return [d for d in inst["depths"]
+def _cost(d: dict) -> int:
+    steps = round(d["k"] / d["depth_fraction"])
+    return finish_cost(d["k"], steps, d.get("finish_calls", 0))
+
+
+def _finished(depths: list[dict], finish_calls: int) -> list[dict]:
+    return [d for d in depths if d.get("finish_calls", 0) == finish_calls]
+
+
+def _depths(inst: dict, min_k: int | None, max_k: int | None, finish_calls: int = 0) -> list[dict]:
+    return [d for d in _finished(inst["depths"], finish_calls)
             if (min_k is None or d["k"] >= min_k) and (max_k is None or d["k"] <= max_k)]
 
 
@@ -118,26 +132,33 @@ def certify_model(model: RiskModel, instances: list[dict], delta: float = 0.1,
     Identical requests are left out: the pipeline answers them as exact repeats, so the gate
     never sees them and they would only dilute the measured risk.
     """
-    per_class: dict[str, list] = {k: [] for k in EVIDENCE_CLASSES}
+    # a class measured with a guided finish too has two finishes to certify: each at δ/2
+    # (Bonferroni), so both guarantees hold together at 1−δ and the gate may pick either
+    options = {k: [0] + ([model.finish_calls[k]] if model.finish_calls.get(k) else [])
+               for k in EVIDENCE_CLASSES}
+    per_class: dict[str, list] = {option_key(k, c): [] for k, cs in options.items() for c in cs}
     for inst in instances:
         if inst.get("kind") == "identical" or inst["features"]["region_fraction"] > max_region_fraction:
             continue
-        scored = [(model.score({**inst["features"], "depth_fraction": d["depth_fraction"]}), int(d["label"]))
-                  for d in sorted(_depths(inst, min_k, max_k), key=lambda d: -d["k"])]
-        if scored:  # deepest depth first
-            per_class[evidence_class(inst["features"])].append(scored)
+        klass = evidence_class(inst["features"])
+        for calls in options[klass]:
+            scored = [(model.score({**inst["features"], "depth_fraction": d["depth_fraction"]}), int(d["label"]))
+                      for d in sorted(_depths(inst, min_k, max_k, calls), key=lambda d: -d["k"])]
+            if scored:  # deepest depth first
+                per_class[option_key(klass, calls)].append(scored)
     model.thresholds, model.confidence = {}, 1.0 - delta
     report = {"delta": delta, "instances": sum(len(v) for v in per_class.values()), "classes": {}}
-    for klass, members in per_class.items():
+    for key, members in per_class.items():
+        klass_delta = delta / len(options[key.split(":")[0]])
         def decisions(lam: float, members=members) -> list[int]:
             picked = (next((y for z, y in scored if z <= lam), None) for scored in members)
             return [y for y in picked if y is not None]
 
         grid = sorted({z for scored in members for z, _ in scored})
         grid = grid[::max(1, len(grid) // GRID_POINTS)]  # thinned by the logits alone, never labels
-        res = {f"{a:g}": certify(decisions, grid, a, delta) for a in budgets}
-        model.thresholds[klass] = {a: r["threshold"] for a, r in res.items() if r["threshold"] is not None}
-        report["classes"][klass] = {"instances": len(members), "budgets": res}
+        res = {f"{a:g}": certify(decisions, grid, a, klass_delta) for a in budgets}
+        model.thresholds[key] = {a: r["threshold"] for a, r in res.items() if r["threshold"] is not None}
+        report["classes"][key] = {"instances": len(members), "delta": klass_delta, "budgets": res}
     return report
 
 
@@ -157,12 +178,12 @@ def fit_and_certify(instances: list[dict], region_threshold: float, delta: float
         raise ValueError(f"{len(instances)} measured pairs cannot be split into a fit and a "
                          "certification part; measure more pairs")
     model = fit(train, region_threshold, form=form)
+    model.finish_calls = measured_finish(instances)
     certification = certify_model(model, held, delta=delta, max_region_fraction=max_region_fraction)
     model.source += (f"; thresholds certified by Learn-then-Test on {certification['instances']} "
                      f"held-out pairs at {1 - delta:.0%} confidence")
     rows, labels = rows_of(instances)
     model.tolerance, model.measured_reuses = tolerance, len(rows)
-    model.finish_calls = measured_finish(instances)
     report = {
         "instances": len(instances), "measured_reuses": len(rows), "exceeded_tolerance": sum(labels),
         "train_instances": len(train), "heldout_instances": len(held), "form": form,
@@ -177,15 +198,17 @@ def fit_and_certify(instances: list[dict], region_threshold: float, delta: float
 
 
 def measured_finish(instances: list[dict]) -> dict[str, int]:
-    """Per evidence class, the guided finish its reuses were measured with, when every
-    measured reuse of the class used the same one: the certified thresholds hold for that
-    finish only, so a class measured any other way (or mixed) finishes every step."""
+    """Per evidence class, the guided finish its reuses were also measured with (one number
+    of calls per class; a class measured with several is an error, not a guess)."""
     seen: dict[str, set[int]] = {}
     for inst in instances:
-        klass = evidence_class(inst["features"])
         for d in inst["depths"]:
-            seen.setdefault(klass, set()).add(int(d.get("finish_calls", 0)))
-    return {klass: calls.pop() for klass, calls in seen.items() if len(calls) == 1 and 0 not in calls}
+            if d.get("finish_calls"):
+                seen.setdefault(evidence_class(inst["features"]), set()).add(int(d["finish_calls"]))
+    mixed = {k: sorted(v) for k, v in seen.items() if len(v) > 1}
+    if mixed:
+        raise ValueError(f"measurements mix guided finishes {mixed}: measure each class with one")
+    return {klass: calls.pop() for klass, calls in seen.items()}
 
 
 def calibration_path(cache_folder: str | Path, model_fingerprint: str) -> Path:

@@ -32,6 +32,16 @@ SAME_SCENE_REGION = 0.02
 SAME_SCENE_GAP = 0.005
 
 
+def option_key(klass: str, finish_calls: int) -> str:
+    """Where a class's thresholds for a finish live in ``RiskModel.thresholds``."""
+    return f"{klass}:guided" if finish_calls else klass
+
+
+def finish_cost(k: int, steps: int, finish_calls: int) -> int:
+    """Model steps after k*: every remaining one, or the guided finish's calls."""
+    return steps - k if not finish_calls else min(finish_calls, steps - k)
+
+
 def evidence_class(features: dict[str, float]) -> str:
     """The class whose certified thresholds apply: each class keeps its own guarantee, so
     the budget holds however a workload mixes paraphrases and edits."""
@@ -76,8 +86,9 @@ class RiskModel:
     # "space": "frames" | "latent"}): live audits label reuses by the same rule.
     tolerance: dict | None = None
     measured_reuses: int = 0  # reuses behind the fit and the thresholds (0: the prior)
-    # Model calls of the guided finish a class's reuses were measured with (guided_finish.py;
-    # {"same_scene": 3}); a class not named finishes every remaining step, as measured.
+    # Classes whose reuses were also measured with a guided finish (guided_finish.py) of that
+    # many model calls ({"same_scene": 3}); its thresholds are certified apart, under the key
+    # option_key(class, calls). A class not named always finishes every remaining step.
     finish_calls: dict[str, int] = field(default_factory=dict)
 
     def scaled(self, features: dict[str, float]) -> dict[str, float]:
@@ -114,12 +125,19 @@ class RiskModel:
             return features["depth_fraction"]
         return self.logit(features)
 
-    def accepts(self, features: dict[str, float], alpha: float) -> bool:
-        """The gate's test for one candidate at one depth under budget α."""
+    def accepts(self, features: dict[str, float], alpha: float, finish_calls: int = 0) -> bool:
+        """The gate's test for one candidate at one depth under budget α, finished every
+        step (``finish_calls`` 0) or by that guided finish."""
         if not self.thresholds:
-            return self.risk(features) <= alpha
-        certified = self.threshold_for(alpha, evidence_class(features))
+            return not finish_calls and self.risk(features) <= alpha
+        certified = self.threshold_for(alpha, option_key(evidence_class(features), finish_calls))
         return certified is not None and self.score(features) <= certified[1] + 1e-9
+
+    def finish_options(self, features: dict[str, float], guided: bool = True) -> list[int]:
+        """The finishes a reuse with this evidence may run: every step (0), and the guided
+        finish where the calibration measured it for the class."""
+        calls = self.finish_calls.get(evidence_class(features), 0) if guided else 0
+        return [0, calls] if calls else [0]
 
     def save(self, path: str | Path) -> None:
         Path(path).write_text(json.dumps(asdict(self), indent=2))
@@ -235,6 +253,7 @@ class GateSettings:
     min_depth: float = 0.2         # k* bounds as fractions of the step count
     max_depth: float = 0.8         # deepest snapshot; how deep each evidence class may go is certified
     max_region_fraction: float = 0.5  # beyond this the request is mostly new: reject
+    guided_finish: bool = True     # may choose a guided finish where the calibration certified one
 
 
 @dataclass
@@ -249,6 +268,7 @@ class Plan:
     similarity: float | None = None
     features: dict[str, float] | None = None
     reason: str = ""
+    finish_calls: int = 0                  # 0: every step after k*; else a guided finish's calls
 
     @property
     def region_fraction(self) -> float:
@@ -293,34 +313,50 @@ def decide(new: EarlySignature, candidates: list[tuple[str, EarlySignature, floa
             verdicts.append(Plan(False, features=feats, reason=(
                 f"no stored snapshot between steps {lo} and {hi}"), **base))
             continue
-        verdicts.append(_deepest_acceptable(feats, depths, steps, model, settings.risk_budget, base))
+        verdicts.append(_cheapest_acceptable(feats, depths, steps, model, settings, base))
     accepted = [p for p in verdicts if p.accept]
     if not accepted:
         if not verdicts:
             return Plan(False, reason="no candidates"), verdicts
         return verdicts[0], verdicts  # the best-ranked candidate's verdict explains the miss
-    accepted.sort(key=lambda p: (-p.reuse_step, p.risk))
+    accepted.sort(key=lambda p: (finish_cost(p.reuse_step, steps, p.finish_calls), p.risk))
     return accepted[0], verdicts
 
 
+def _cheapest_acceptable(feats: dict[str, float], depths: list[int], steps: int,
+                         model: RiskModel, settings: GateSettings, base: dict) -> Plan:
+    """Of the finishes this evidence may run, the one that computes least: each at the
+    deepest depth (``depths`` deepest first) the risk model accepts for it under α."""
+    plans = [_deepest_acceptable(feats, depths, steps, model, settings.risk_budget, base, calls)
+             for calls in model.finish_options(feats, settings.guided_finish)]
+    accepted = [p for p in plans if p.accept]
+    if not accepted:
+        return plans[0]  # the every-step finish's verdict explains the miss
+    return min(accepted, key=lambda p: (finish_cost(p.reuse_step, steps, p.finish_calls), p.finish_calls))
+
+
 def _deepest_acceptable(feats: dict[str, float], depths: list[int], steps: int,
-                        model: RiskModel, alpha: float, base: dict) -> Plan:
-    """The deepest depth (``depths`` deepest first) the risk model accepts under α."""
+                        model: RiskModel, alpha: float, base: dict, finish_calls: int = 0) -> Plan:
+    """The deepest depth (``depths`` deepest first) the risk model accepts under α for
+    this finish."""
     klass = evidence_class(feats)
-    certified = model.threshold_for(alpha, klass) if model.thresholds else None
+    key = option_key(klass, finish_calls)
+    certified = model.threshold_for(alpha, key) if model.thresholds else None
     if model.thresholds and certified is None:
-        budgets = [float(a) for a in model.thresholds.get(klass, {})]
+        budgets = [float(a) for a in model.thresholds.get(key, {})]
         strictest = f"the strictest certified budget is {min(budgets):.1%}" if budgets else "none is"
         return Plan(False, features=feats, reason=(
             f"no depth is certified at risk budget {alpha:.1%} for {klass.replace('_', '-')} "
             f"evidence on this model ({strictest}): raise the budget or re-calibrate"), **base)
     how = (f"{klass.replace('_', '-')} evidence, certified at budget {certified[0]:.1%} with "
            f"{model.confidence:.0%} confidence" if certified else f"≤ budget {alpha:.1%}")
+    if finish_calls:
+        how += f", guided finish of {finish_calls} calls"
     for k in depths:
         f = {**feats, "depth_fraction": k / steps}
-        if model.accepts(f, alpha):
+        if model.accepts(f, alpha, finish_calls):
             r = model.risk(f)
-            return Plan(True, reuse_step=k, risk=r, features=f,
+            return Plan(True, reuse_step=k, risk=r, features=f, finish_calls=finish_calls,
                         reason=f"risk {r:.1%} at k*={k} ({how})", **base)
     f = {**feats, "depth_fraction": depths[-1] / steps}
     r = model.risk(f)

@@ -22,7 +22,7 @@ from . import audit
 from .cache import CacheError, LookupResult, StoredEntry, TrajectoryCache
 from .cache_backend import open_cache as open_location
 from .entry_precision import from_entry, latent_keys, loaded_latent, stored_latent, to_entry
-from .gate import GateSettings, Plan, RiskModel, decide, evidence_class, risk_model_for
+from .gate import GateSettings, Plan, RiskModel, decide, risk_model_for
 from .keys import CompatibilityClass, shape_str
 from .sparse_reuse import CONNECTIVITY_KEYS, Connectivity, SparseSettings
 from .calibration_status import model_status, status_line
@@ -48,10 +48,10 @@ class ReuseSettings:
     store: bool = True
     entry_dtype: str = "int8"       # how snapshots and the final latent are stored (entry_precision.py)
     audit_rate: float = 0.0         # share of hits also computed in full to check α (audit.py)
-    # Model calls that finish a same-scene reuse after k*, the steps between predicted from
-    # the candidate's stored x̂0 (guided_finish.py). A calibration measures its labels with
-    # it; the gate uses it only where the calibration did. 0: every remaining step.
-    same_scene_finish_calls: int = 3
+    # Model calls of the guided finish a calibration also measures same-scene reuses with
+    # (guided_finish.py: the steps between follow the candidate's stored x̂0); the gate
+    # chooses it where it is certified and computes less. 0: calibrate every-step only.
+    same_scene_finish_calls: int = 4
 
     def probe_steps(self, steps: int) -> int:
         return max(1, min(steps - 1, math.ceil(self.probe_fraction * steps)))
@@ -361,14 +361,6 @@ def _start_from_candidate(pr: ProbeResult, plan: Plan) -> tuple[torch.Tensor | N
                        pr.x_probe, pr.probe_steps, k, pr.settings.region_fill_calls)
 
 
-def finish_calls_for(model: RiskModel | None, settings: ReuseSettings, features: dict | None) -> int:
-    """Model calls of the guided finish for a reuse with this evidence: what its class was
-    calibrated with, if the user left guided finishes on; 0 = every remaining step."""
-    if model is None or not features or settings.same_scene_finish_calls <= 0:
-        return 0
-    return int(model.finish_calls.get(evidence_class(features), 0))
-
-
 def guided_finish_for(run, stored: dict[int, torch.Tensor], start: int, calls: int) -> GuidedFinish | None:
     """A guided finish from ``start`` on these stored x̂0 (step → latent), or None when
     they cannot guide it (an entry written before x̂0 was stored)."""
@@ -381,7 +373,7 @@ def guided_finish_for(run, stored: dict[int, torch.Tensor], start: int, calls: i
 
 
 def _guided_finish(pr: ProbeResult, plan: Plan, notes: list[str]) -> GuidedFinish | None:
-    calls = finish_calls_for(pr.gate_model, pr.settings, plan.features)
+    calls = plan.finish_calls
     if calls <= 0:
         return None
     entry_steps = guarded(pr.cache, "reading the candidate", pr.cache.get, plan.entry_id)
@@ -392,7 +384,7 @@ def _guided_finish(pr: ProbeResult, plan: Plan, notes: list[str]) -> GuidedFinis
     stored = {s: loaded_latent(tensors, f"denoised.{s}", device) for s in steps
               if f"denoised.{s}" in tensors}
     guide = guided_finish_for(pr.run, stored, plan.reuse_step, calls)
-    if guide is None:
+    if guide is None:  # every step is at least as safe where the gate certified k* for it
         notes.append(f"entry {plan.entry_id[:8]} has no stored x̂0 to guide the finish: every step computed")
     return guide
 

@@ -79,10 +79,11 @@ def measure_direction(request: FullRun, candidate: FullRun, new_run: Callable[[]
         inst["features_step0"] = evidence(new0, old0, new0.similarity(old0), region_threshold)[0]
     if feats["region_fraction"] > settings.gate.max_region_fraction:
         return inst  # the gate rejects it before any depth
-    # a same-scene reuse is measured with the guided finish the gate will run it with
+    # a same-scene reuse is measured finished every step and by the guided finish: the gate
+    # certifies both and runs whichever computes less at the budget
     calls = settings.same_scene_finish_calls if evidence_class(feats) == "same_scene" else 0
     stored_x0 = {s: x.float() for s, x in candidate.record.denoised.items()}
-    for k in reuse_depths(settings, steps):
+    for k, finish in [(k, f) for f in ([0, calls] if calls else [0]) for k in reuse_depths(settings, steps)]:
         run = new_run()
         x_k = candidate.record.snapshots[k].float()
         if bool(region.any()):
@@ -90,11 +91,13 @@ def measure_direction(request: FullRun, candidate: FullRun, new_run: Callable[[]
                                       request.x_probe, p, k, settings.region_fill_calls)
         else:
             start, fill = run.boundary_from_sampler_space(x_k, k), 0
-        guide = guided_finish_for(run, stored_x0, k, calls)
+        guide = guided_finish_for(run, stored_x0, k, finish)
+        if finish and guide is None:
+            continue  # nothing stored to guide it (cannot happen with snapshots recorded)
         final = run.sample(k, steps, start, guide=guide)
-        finish = {"finish_calls": calls, "predicted_steps": guide.predicted} if guide else {}
+        how = {"finish_calls": finish, "predicted_steps": guide.predicted} if guide else {}
         inst["depths"].append({"k": k, "depth_fraction": k / steps, "fill_steps": fill,
-                               **finish, **outcome(final)})
+                               **how, **outcome(final)})
     return inst
 
 

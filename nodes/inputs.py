@@ -49,6 +49,8 @@ def gate_inputs() -> list:
                        tooltip="Deepest reuse step k*, as a share of the steps."),
         io.Float.Input("max_region", default=0.5, min=0.0, max=1.0, step=0.05, optional=True,
                        tooltip="Reject when more than this share of the video must be recomputed."),
+        io.Boolean.Input("guided_finish", default=True, optional=True,
+                         tooltip="A same-scene hit may compute only a few of the steps after k* and follow the matched entry's stored trajectory between them — where this model's calibration certified that finish at your risk budget and it computes less (else every step runs)."),
     ]
 
 
@@ -58,13 +60,6 @@ def audit_inputs() -> list:
                        tooltip="Share of hits also computed in full to measure the false-accept rate against α on your traffic (each audited hit costs one full generation). 0: the CARNATOR_AUDIT_RATE environment variable, else off."),
         io.Vae.Input("vae", optional=True,
                      tooltip="Only for audits of a model calibrated on decoded frames: the same VAE."),
-    ]
-
-
-def finish_inputs() -> list:
-    return [
-        io.Boolean.Input("guided_finish", default=True, optional=True,
-                         tooltip="On a same-scene hit, compute only a few of the steps after k* and follow the matched entry's stored trajectory between them — only where this model's calibration measured that finish (else every step runs)."),
     ]
 
 

@@ -13,8 +13,8 @@ from ..carnator_core.cache_backend import configured_location
 from ..carnator_core.cache import LookupResult
 from ..carnator_core.comfy_adapter import frames_decoder, notify, start_request
 from ..carnator_core.gate import Plan as GatePlan
-from .inputs import audit_inputs, finish_inputs, gate_inputs, probe_inputs, sampling_inputs, sparse_inputs
-from .settings import audit_rate_or_default, finish_calls, gate_settings, reuse_settings, sparse_settings
+from .inputs import audit_inputs, gate_inputs, probe_inputs, sampling_inputs, sparse_inputs
+from .settings import audit_rate_or_default, gate_settings, reuse_settings, sparse_settings
 from .types import CacheConfig, Candidates, Plan, Probe, node_id_of
 
 
@@ -91,11 +91,11 @@ class CarnatorCompatibilityGate(io.ComfyNode):
 
     @classmethod
     def execute(cls, candidates, risk_budget, min_depth=None, max_depth=None,
-                max_region=None) -> io.NodeOutput:
+                max_region=None, guided_finish=None) -> io.NodeOutput:
         pr = candidates.probe
         notify("phase", {"phase": "gate"}, node_id_of(cls))
         model, problem = pipeline.calibrated_risk_model(pr) if pr.cache else (None, None)
-        settings = gate_settings(risk_budget, min_depth, max_depth, max_region)
+        settings = gate_settings(risk_budget, min_depth, max_depth, max_region, guided_finish)
         usable = model is not None or (pr.cache is not None and pr.exact_latent is not None)
         plan, verdicts = pipeline.gate(pr, candidates.found, model, settings) if usable else (
             GatePlan(False, reason=problem or pr.cache_message or "cache unavailable"), [])
@@ -111,8 +111,7 @@ class CarnatorReuseSampler(io.ComfyNode):
         return io.Schema(
             node_id="CarnatorReuseSampler", display_name="Carnator Reuse Sampler", category="Carnator",
             description="Finishes the request: resumes from the stored latent on a hit, continues the probe on a miss, and stores the new trajectory.",
-            inputs=[Plan.Input("plan", tooltip="From Carnator Compatibility Gate.")] + finish_inputs()
-            + sparse_inputs() + audit_inputs(),
+            inputs=[Plan.Input("plan", tooltip="From Carnator Compatibility Gate.")] + sparse_inputs() + audit_inputs(),
             outputs=[io.Latent.Output("LATENT", tooltip="The denoised video latent."),
                      io.String.Output("summary", tooltip="Hit or miss, k*, steps computed of N, risk, matched entry.")],
             hidden=[io.Hidden.unique_id],
@@ -120,9 +119,8 @@ class CarnatorReuseSampler(io.ComfyNode):
         )
 
     @classmethod
-    def execute(cls, plan, audit_rate=None, vae=None, guided_finish=None, **sparse) -> io.NodeOutput:
+    def execute(cls, plan, audit_rate=None, vae=None, **sparse) -> io.NodeOutput:
         plan.probe.settings.sparse = sparse_settings(**sparse)
-        plan.probe.settings.same_scene_finish_calls = finish_calls(guided_finish)
         plan.probe.settings.audit_rate = audit_rate_or_default(audit_rate)
         plan.probe.decode = frames_decoder(vae)
         return finish(plan.probe, plan.plan, node_id_of(cls))

@@ -5,7 +5,7 @@ from comfy_api.latest import io
 
 from ..carnator_core import pipeline
 from ..carnator_core.comfy_adapter import notify, start_request
-from .inputs import audit_inputs, finish_inputs, gate_inputs, probe_inputs, sampling_inputs, sparse_inputs
+from .inputs import audit_inputs, gate_inputs, probe_inputs, sampling_inputs, sparse_inputs
 from .pipeline_nodes import finish
 from .settings import reuse_settings, sparse_settings
 from .types import node_id_of
@@ -17,8 +17,7 @@ class CarnatorSampler(io.ComfyNode):
         return io.Schema(
             node_id="CarnatorSampler", display_name="Carnator Sampler", category="Carnator",
             description="A KSampler that reuses compatible earlier requests: probe, lookup, gate and reuse in one node.",
-            inputs=(sampling_inputs() + probe_inputs() + gate_inputs() + finish_inputs() + sparse_inputs()
-                    + audit_inputs()),
+            inputs=sampling_inputs() + probe_inputs() + gate_inputs() + sparse_inputs() + audit_inputs(),
             outputs=[io.Latent.Output("LATENT", tooltip="The denoised video latent."),
                      io.String.Output("summary", tooltip="Hit or miss, k*, steps computed of N, risk, matched entry.")],
             hidden=[io.Hidden.unique_id],
@@ -31,8 +30,9 @@ class CarnatorSampler(io.ComfyNode):
                 snapshot_count=None, label="", cache=None, min_depth=None, max_depth=None,
                 max_region=None, audit_rate=None, vae=None, guided_finish=None, **sparse) -> io.NodeOutput:
         node_id = node_id_of(cls)
-        settings = reuse_settings(probe_fraction, snapshot_count, audit_rate, guided_finish, risk_budget=risk_budget,
-                                  min_depth=min_depth, max_depth=max_depth, max_region=max_region)
+        settings = reuse_settings(probe_fraction, snapshot_count, audit_rate, risk_budget=risk_budget,
+                                  min_depth=min_depth, max_depth=max_depth, max_region=max_region,
+                                  guided_finish=guided_finish)
         settings.sparse = sparse_settings(**sparse)
         pr = start_request(model, positive, negative, latent_image, seed, steps, cfg,
                            sampler_name, scheduler, settings, cache, seed_policy, label, node_id,

@@ -16,15 +16,9 @@ def sparse_settings(sparse_attention=None, keep_mass=None, min_density=None, ref
 
 
 def reuse_settings(probe_fraction: float, snapshot_count: int | None = None,
-                   audit_rate: float | None = None, guided_finish: bool | None = None, **gate) -> ReuseSettings:
+                   audit_rate: float | None = None, **gate) -> ReuseSettings:
     return ReuseSettings(probe_fraction=probe_fraction, snapshot_count=snapshot_count or ReuseSettings.snapshot_count,
-                         gate=gate_settings(**gate), audit_rate=audit_rate_or_default(audit_rate),
-                         same_scene_finish_calls=finish_calls(guided_finish))
-
-
-def finish_calls(guided_finish: bool | None) -> int:
-    """The node's guided-finish switch as ReuseSettings' calls (off: every step)."""
-    return ReuseSettings.same_scene_finish_calls if guided_finish in (None, True) else 0
+                         gate=gate_settings(**gate), audit_rate=audit_rate_or_default(audit_rate))
 
 
 def audit_rate_or_default(rate: float | None) -> float:
@@ -33,9 +27,11 @@ def audit_rate_or_default(rate: float | None) -> float:
 
 
 def gate_settings(risk_budget: float = 0.05, min_depth: float | None = None,
-                  max_depth: float | None = None, max_region: float | None = None) -> GateSettings:
+                  max_depth: float | None = None, max_region: float | None = None,
+                  guided_finish: bool | None = None) -> GateSettings:
     d = GateSettings()
     return GateSettings(risk_budget=risk_budget,
                         min_depth=d.min_depth if min_depth is None else min_depth,
                         max_depth=d.max_depth if max_depth is None else max_depth,
-                        max_region_fraction=d.max_region_fraction if max_region is None else max_region)
+                        max_region_fraction=d.max_region_fraction if max_region is None else max_region,
+                        guided_finish=d.guided_finish if guided_finish is None else guided_finish)

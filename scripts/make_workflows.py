@@ -43,10 +43,9 @@ SAMPLING_WIDGETS = ["seed", "steps", "cfg", "sampler_name", "scheduler"]
 PROBE_WIDGETS = ["probe_fraction"]
 PROBE_OPTIONAL = ["seed_policy", "snapshot_count", "label"]
 GATE_WIDGETS = ["risk_budget"]
-GATE_OPTIONAL = ["min_depth", "max_depth", "max_region"]
+GATE_OPTIONAL = ["min_depth", "max_depth", "max_region", "guided_finish"]
 SPARSE_OPTIONAL = ["sparse_attention", "keep_mass", "min_density", "refresh_every", "sparse_on_miss"]
 AUDIT_OPTIONAL = ["audit_rate"]
-FINISH_OPTIONAL = ["guided_finish"]
 CALIBRATE_WIDGETS = ["prompts", "pairs", "first_seed", "steps", "cfg", "sampler_name", "scheduler",
                      "psnr_bound", "include_audits"]
 WIDGETS = {
@@ -57,9 +56,9 @@ WIDGETS = {
     "CarnatorEarlyProbe": SAMPLING_WIDGETS + PROBE_WIDGETS + PROBE_OPTIONAL,
     "CarnatorCacheLookup": ["top_k"],
     "CarnatorCompatibilityGate": GATE_WIDGETS + GATE_OPTIONAL,
-    "CarnatorReuseSampler": FINISH_OPTIONAL + SPARSE_OPTIONAL + AUDIT_OPTIONAL,
+    "CarnatorReuseSampler": SPARSE_OPTIONAL + AUDIT_OPTIONAL,
     "CarnatorSampler": (SAMPLING_WIDGETS + PROBE_WIDGETS + GATE_WIDGETS + PROBE_OPTIONAL
-                        + GATE_OPTIONAL + FINISH_OPTIONAL + SPARSE_OPTIONAL + AUDIT_OPTIONAL),
+                        + GATE_OPTIONAL + SPARSE_OPTIONAL + AUDIT_OPTIONAL),
     "CarnatorCalibrate": CALIBRATE_WIDGETS,
     "SaveLatent": ["filename_prefix"],
 }
@@ -78,8 +77,9 @@ def graph(backbone: str, single_node: bool) -> dict[str, dict]:
                 "latent_image": ["4", 0], "seed": SEED, "steps": STEPS, "cfg": CFG,
                 "sampler_name": "euler", "scheduler": "simple", "probe_fraction": 0.1,
                 "seed_policy": "same_seed", "snapshot_count": 7, "label": PROMPT}
-    gate = {"risk_budget": RISK_BUDGET, "min_depth": 0.2, "max_depth": 0.8, "max_region": 0.5}
-    sparse = {"guided_finish": True, "sparse_attention": True, "keep_mass": 0.9, "min_density": 0.1, "refresh_every": 0,
+    gate = {"risk_budget": RISK_BUDGET, "min_depth": 0.2, "max_depth": 0.8, "max_region": 0.5,
+            "guided_finish": True}
+    sparse = {"sparse_attention": True, "keep_mass": 0.9, "min_density": 0.1, "refresh_every": 0,
               "sparse_on_miss": False, "audit_rate": 0.0}
     if single_node:
         g["5"] = ("CarnatorSampler", {**sampling, **gate, **sparse})

@@ -33,7 +33,6 @@ RELATED = "a red ball rolls left across a green field slowly"
 SAMPLER_NODE, PROMPT_NODE, PROBE_NODE = 8, 2, 5
 SPARSE_WIDGETS = ["sparse_attention", "keep_mass", "min_density", "refresh_every", "sparse_on_miss"]
 AUDIT_WIDGETS = ["audit_rate"]
-FINISH_WIDGETS = ["guided_finish"]
 RUN_TIMEOUT_MS = 240_000
 
 _reason = unavailable_reason()
@@ -217,7 +216,7 @@ def test_miss_then_hit_on_the_node_and_the_cache_tab(tmp_path):
                 " return [Object.keys(p.output[id].inputs), p.workflow.nodes.find((n) => n.id == id).widgets_values ?? []]; }",
                 SAMPLER_NODE)
             ui_node = next(n for n in json.loads(WORKFLOW.read_text())["nodes"] if n["id"] == SAMPLER_NODE)
-            assert sorted(sent) == sorted(["plan"] + FINISH_WIDGETS + SPARSE_WIDGETS + AUDIT_WIDGETS), (sent, saved)
+            assert sorted(sent) == sorted(["plan"] + SPARSE_WIDGETS + AUDIT_WIDGETS), (sent, saved)
             assert saved == ui_node["widgets_values"], (sent, saved)  # no status value saved
             screenshot_nodes(page, [6, 7, SAMPLER_NODE, 9], OUTPUT / "03-node-status.png")
 

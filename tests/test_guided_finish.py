@@ -48,16 +48,69 @@ def test_stored_steps_that_cannot_cover_the_finish_are_refused():
         GuidedFinish(sigmas, {4: torch.zeros(1)}, start=4, calls=2)  # nothing stored after 4
 
 
-def test_a_class_uses_the_finish_only_when_all_its_reuses_were_measured_with_it():
-    same = {"region_fraction": 0.0, "outside_mean": 0.0, "outside_max": 0.0, "similarity_gap": 0.0}
-    edit = {**same, "region_fraction": 0.2}
-    guided = [{"k": 4, "finish_calls": 3}, {"k": 6, "finish_calls": 3}]
-    full = [{"k": 4}, {"k": 6}]
-    assert measured_finish([{"features": same, "depths": guided},
-                            {"features": edit, "depths": full}]) == {"same_scene": 3}
-    # one same-scene reuse measured with every step: the thresholds do not speak for the finish
-    assert measured_finish([{"features": same, "depths": guided},
-                            {"features": same, "depths": full}]) == {}
+SAME = {"region_fraction": 0.0, "outside_mean": 0.0, "outside_max": 0.0, "similarity_gap": 0.0}
+
+
+def test_the_calibration_names_the_finish_each_class_was_also_measured_with():
+    edit = {**SAME, "region_fraction": 0.2}
+    both = [{"k": 4}, {"k": 4, "finish_calls": 3}]
+    assert measured_finish([{"features": SAME, "depths": both},
+                            {"features": edit, "depths": [{"k": 4}]}]) == {"same_scene": 3}
+    with pytest.raises(ValueError, match="mix guided finishes"):
+        measured_finish([{"features": SAME, "depths": both},
+                         {"features": SAME, "depths": [{"k": 4, "finish_calls": 2}]}])
+
+
+def _certified(same_full=None, same_guided=None):
+    """A risk model whose same-scene class is certified as a depth cap per finish."""
+    thresholds = {"other": {"0.05": -100.0}}  # no edit is reused
+    if same_full is not None:
+        thresholds["same_scene"] = {"0.05": same_full}
+    if same_guided is not None:
+        thresholds["same_scene:guided"] = {"0.05": same_guided}
+    return RiskModel(thresholds=thresholds, confidence=0.9, finish_calls={"same_scene": 3})
+
+
+def _decide_same_scene(model, settings=None, steps=20):
+    from carnator_core.gate import _cheapest_acceptable
+    return _cheapest_acceptable(SAME, [16, 14, 12, 10, 8, 6, 4], steps, model,
+                                settings or GateSettings(risk_budget=0.05), {})
+
+
+def test_the_gate_runs_the_finish_that_computes_least_where_it_is_certified():
+    # every step certified to 0.6·N (computes 8 after k* = 12), guided to 0.4·N (3 calls)
+    plan = _decide_same_scene(_certified(same_full=0.6, same_guided=0.4))
+    assert plan.accept and plan.finish_calls == 3 and plan.reuse_step == 8
+    assert "guided finish of 3 calls" in plan.reason
+    # at k* = 18 of 20 only 2 steps remain: every step computes less than 3 guided calls
+    plan = _decide_same_scene(_certified(same_full=0.9, same_guided=0.9), steps=20)
+    assert plan.finish_calls == 3 and plan.reuse_step == 16  # 16 is the deepest stored: 4 > 3
+    from carnator_core.gate import _cheapest_acceptable
+    deep = _cheapest_acceptable(SAME, [18, 16], 20, _certified(same_full=0.9, same_guided=0.9),
+                                GateSettings(risk_budget=0.05), {})
+    assert deep.finish_calls == 0 and deep.reuse_step == 18
+
+
+def test_the_gate_falls_back_to_every_step_where_the_finish_is_not_certified_or_off():
+    plan = _decide_same_scene(_certified(same_full=0.6))  # nothing certified for the guided finish
+    assert plan.accept and plan.finish_calls == 0 and plan.reuse_step == 12
+    plan = _decide_same_scene(_certified(same_full=0.6, same_guided=0.8),
+                              GateSettings(risk_budget=0.05, guided_finish=False))
+    assert plan.finish_calls == 0 and plan.reuse_step == 12
+    assert not _decide_same_scene(_certified()).accept  # neither finish is certified
+
+
+def test_certification_gives_each_finish_half_the_error_allowance():
+    from carnator_core.calibration import certify_model
+    inst = [{"group": i, "features": SAME,
+             "depths": [{"k": 8, "depth_fraction": 0.4, "label": 0},
+                        {"k": 8, "depth_fraction": 0.4, "label": 0, "finish_calls": 3}]}
+            for i in range(400)]
+    model = RiskModel(finish_calls={"same_scene": 3})
+    report = certify_model(model, inst, delta=0.1)
+    assert report["classes"]["same_scene"]["delta"] == report["classes"]["same_scene:guided"]["delta"] == 0.05
+    assert report["classes"]["other"]["delta"] == 0.1
+    assert model.thresholds["same_scene:guided"]["0.05"] == pytest.approx(0.4)
 
 
 # ---------------------------------------------------------------- on a real ComfyUI model
@@ -88,28 +141,31 @@ def test_guided_by_its_own_trajectory_a_request_reproduces_its_full_run(tiny_mod
     assert run.model_calls - calls == n - k
 
 
-def _hit_plan(requests_in, model, risk_model):
+def _hit_plan(requests_in, model, risk_model, **gate):
     from carnator_core import pipeline
     requests_in(model, "wan21", PROMPT)
     cache, _ = pipeline.open_cache(requests_in.cache_folder, 1 << 30)
     pr = pipeline.probe(requests_in.run_obj(model, "wan21", RELATED), cache, requests_in.settings)
     # a shallow k*: the finish has steps to skip
-    plan, _ = pipeline.gate(pr, pipeline.lookup(pr), risk_model, GateSettings(risk_budget=1.0, max_depth=0.5))
+    plan, _ = pipeline.gate(pr, pipeline.lookup(pr), risk_model,
+                            GateSettings(risk_budget=0.5, max_depth=0.5, **gate))
     assert plan.accept, plan.reason
     return pipeline, pr, plan
 
 
 def _calibrated(finish_calls):
-    # the prior's ranking, with a guided finish certified for both classes (the tiny random
-    # model's related prompt is not same-scene evidence; the class rule is tested below)
-    return RiskModel(finish_calls=finish_calls)
+    # every reuse certified (+inf thresholds) for both finishes of the named classes: the
+    # tiny random model's related prompt is "other" evidence (the class rule is tested above)
+    thresholds = {k: {"0.5": 1e9} for k in ("same_scene", "other")}
+    thresholds.update({f"{k}:guided": {"0.5": 1e9} for k in finish_calls})
+    return RiskModel(thresholds=thresholds, confidence=0.9, finish_calls=finish_calls)
 
 
 def test_a_hit_with_a_certified_finish_computes_only_its_calls(tiny_models, requests_in):
     model = tiny_models["wan21"]
-    pipeline, pr, plan = _hit_plan(requests_in, model, _calibrated({"same_scene": 3, "other": 3}))
+    pipeline, pr, plan = _hit_plan(requests_in, model, _calibrated({"other": 3}))
     n, k = pr.run.steps, plan.reuse_step
-    assert n - k > 3  # the finish has steps to skip
+    assert plan.finish_calls == 3 and n - k > 3  # the finish has steps to skip
     _, s = pipeline.reuse(pr, plan)
     fill = min(requests_in.settings.region_fill_calls, k - pr.probe_steps) if plan.region_fraction else 0
     assert s.outcome == "hit" and s.steps_computed == pr.probe_steps + fill + 3
@@ -121,7 +177,7 @@ def test_a_class_without_a_certified_finish_finishes_every_step(tiny_models, req
     model = tiny_models["wan21"]
     pipeline, pr, plan = _hit_plan(requests_in, model, _calibrated({"same_scene": 3}))
     from carnator_core.gate import evidence_class
-    assert evidence_class(plan.features) == "other"
+    assert evidence_class(plan.features) == "other" and plan.finish_calls == 0
     _, s = pipeline.reuse(pr, plan)
     fill = min(requests_in.settings.region_fill_calls, plan.reuse_step - pr.probe_steps) if plan.region_fraction else 0
     assert s.steps_computed == pr.probe_steps + fill + (pr.run.steps - plan.reuse_step)
@@ -130,8 +186,8 @@ def test_a_class_without_a_certified_finish_finishes_every_step(tiny_models, req
 
 def test_turning_the_finish_off_finishes_every_step(tiny_models, requests_in):
     model = tiny_models["wan21"]
-    requests_in.settings.same_scene_finish_calls = 0
-    pipeline, pr, plan = _hit_plan(requests_in, model, _calibrated({"same_scene": 3, "other": 3}))
+    pipeline, pr, plan = _hit_plan(requests_in, model, _calibrated({"other": 3}), guided_finish=False)
+    assert plan.finish_calls == 0
     _, s = pipeline.reuse(pr, plan)
     assert s.model_calls == s.steps_computed
     assert s.steps_computed > pr.probe_steps + 3 + (2 if plan.region_fraction else 0)
