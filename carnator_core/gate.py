@@ -294,13 +294,14 @@ def decide(new: EarlySignature, candidates: list[tuple[str, EarlySignature, floa
            settings: GateSettings) -> tuple[Plan, list[Plan]]:
     """Pick the best acceptable candidate and depth; also return every candidate's verdict.
 
-    ``candidates``: (entry id, its signature at the probe step, similarity, snapshot steps).
-    The deepest acceptable k* wins (more skipped steps); ties go to lower risk.
+    ``candidates``: (entry id, its signature at the probe step, similarity, snapshot steps,
+    optionally whether it stored the x̂0 a guided finish needs — assumed when absent).
+    The candidate whose acceptable finish computes least wins; ties go to lower risk.
     """
     lo = max(probe_steps, math.ceil(settings.min_depth * steps))
     hi = math.floor(settings.max_depth * steps)
     verdicts: list[Plan] = []
-    for entry_id, old, sim, snapshot_steps in candidates:
+    for entry_id, old, sim, snapshot_steps, *stored_x0 in candidates:
         feats, region = evidence(new, old, sim, model.region_threshold)
         base = dict(entry_id=entry_id, region_tiles=region, similarity=sim)
         if feats["region_fraction"] > settings.max_region_fraction:
@@ -313,7 +314,8 @@ def decide(new: EarlySignature, candidates: list[tuple[str, EarlySignature, floa
             verdicts.append(Plan(False, features=feats, reason=(
                 f"no stored snapshot between steps {lo} and {hi}"), **base))
             continue
-        verdicts.append(_cheapest_acceptable(feats, depths, steps, model, settings, base))
+        guided = settings.guided_finish and (stored_x0[0] if stored_x0 else True)
+        verdicts.append(_cheapest_acceptable(feats, depths, steps, model, settings.risk_budget, guided, base))
     accepted = [p for p in verdicts if p.accept]
     if not accepted:
         if not verdicts:
@@ -324,11 +326,11 @@ def decide(new: EarlySignature, candidates: list[tuple[str, EarlySignature, floa
 
 
 def _cheapest_acceptable(feats: dict[str, float], depths: list[int], steps: int,
-                         model: RiskModel, settings: GateSettings, base: dict) -> Plan:
+                         model: RiskModel, alpha: float, guided: bool, base: dict) -> Plan:
     """Of the finishes this evidence may run, the one that computes least: each at the
     deepest depth (``depths`` deepest first) the risk model accepts for it under α."""
-    plans = [_deepest_acceptable(feats, depths, steps, model, settings.risk_budget, base, calls)
-             for calls in model.finish_options(feats, settings.guided_finish)]
+    plans = [_deepest_acceptable(feats, depths, steps, model, alpha, base, calls)
+             for calls in model.finish_options(feats, guided)]
     accepted = [p for p in plans if p.accept]
     if not accepted:
         return plans[0]  # the every-step finish's verdict explains the miss

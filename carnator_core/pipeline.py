@@ -105,7 +105,9 @@ class TrajectoryRecord:
     def signature(self, step: int) -> EarlySignature:
         return EarlySignature(step, self.grid, self.xhat[step], self.features.get(step))
 
-    def tensors(self, final: torch.Tensor) -> dict[str, torch.Tensor]:
+    def tensors(self, final: torch.Tensor, denoised: bool = True) -> dict[str, torch.Tensor]:
+        """What an entry stores; ``denoised`` False leaves out the x̂0 a guided finish
+        follows (a model whose calibration has none would never read them)."""
         steps = sorted(self.xhat)
         out = {"final": to_entry(final, self.dtype), "tile_steps": torch.tensor(steps, dtype=torch.int64),
                "xhat_tiles": torch.stack([self.xhat[s] for s in steps])}
@@ -115,8 +117,10 @@ class TrajectoryRecord:
             out["feature_tiles"] = torch.stack([self.features[s] for s in fsteps])
         for k, x in self.snapshots.items():
             out.update(stored_latent(f"snapshot.{k}", x, self.dtype))
-        for k, x in self.denoised.items():
-            out.update(stored_latent(f"denoised.{k}", x, self.dtype))
+        if denoised and self.denoised:
+            out["denoised_steps"] = torch.tensor(sorted(self.denoised), dtype=torch.int64)
+            for k, x in self.denoised.items():
+                out.update(stored_latent(f"denoised.{k}", x, self.dtype))
         return out
 
 
@@ -280,6 +284,8 @@ def lookup(pr: ProbeResult, top_k: int | None = None) -> LookupResult:
 def gate(pr: ProbeResult, found: LookupResult, risk_model: RiskModel,
          settings: GateSettings | None = None) -> tuple[Plan, list[Plan]]:
     settings = settings or pr.settings.gate
+    # the audit judges this budget; what the entry stores follows this model's calibration
+    pr.gate_model, pr.settings.gate = risk_model, settings
     if pr.exact_latent is not None:
         return Plan(False, entry_id=pr.exact_entry.id, reason="exact repeat"), []
     if not found.candidates:
@@ -288,17 +294,19 @@ def gate(pr: ProbeResult, found: LookupResult, risk_model: RiskModel,
     comparable = []
     for cand in found.candidates:
         tensors = guarded(pr.cache, "reading a candidate", pr.cache.load_tensors, cand.entry.id,
-                          ["tile_steps", "xhat_tiles", "feature_steps", "feature_tiles"])
+                          ["tile_steps", "xhat_tiles", "feature_steps", "feature_tiles", "denoised_steps"])
         if tensors is None:
             continue  # file lost or corrupt: already quarantined and reported by the cache
         old_sig = stored_signature(tensors, new_sig.step, new_sig.grid)
         if old_sig is None:
             continue
         sim = new_sig.similarity(old_sig)
-        comparable.append((cand.entry.id, old_sig, sim, cand.entry.snapshot_steps))
+        # a guided finish needs the entry's stored x̂0 (entries of older versions, or of a model
+        # not calibrated for it, have none): without them only the every-step finish is open
+        comparable.append((cand.entry.id, old_sig, sim, cand.entry.snapshot_steps,
+                           "denoised_steps" in tensors))
     if not comparable:
         return Plan(False, reason="no candidate has evidence at this probe step"), []
-    pr.gate_model, pr.settings.gate = risk_model, settings  # the audit judges this budget
     model, budget, note = _audited(pr, risk_model, settings.risk_budget)
     plan, verdicts = decide(new_sig, comparable, pr.run.steps, pr.probe_steps, model,
                             replace(settings, risk_budget=budget))
@@ -376,16 +384,18 @@ def _guided_finish(pr: ProbeResult, plan: Plan, notes: list[str]) -> GuidedFinis
     calls = plan.finish_calls
     if calls <= 0:
         return None
-    entry_steps = guarded(pr.cache, "reading the candidate", pr.cache.get, plan.entry_id)
-    steps = (entry_steps.snapshot_steps if entry_steps is not None else []) + [pr.run.steps - 1]
+    listed = guarded(pr.cache, "reading the stored x̂0", pr.cache.load_tensors, plan.entry_id,
+                     ["denoised_steps"]) or {}
+    steps = listed["denoised_steps"].tolist() if "denoised_steps" in listed else []
     keys = [key for s in steps for key in latent_keys(f"denoised.{s}")]
-    tensors = guarded(pr.cache, "reading the stored x̂0", pr.cache.load_tensors, plan.entry_id, keys) or {}
+    tensors = (guarded(pr.cache, "reading the stored x̂0", pr.cache.load_tensors, plan.entry_id, keys)
+               if keys else None) or {}
     device = pr.record.last_x0.device
     stored = {s: loaded_latent(tensors, f"denoised.{s}", device) for s in steps
               if f"denoised.{s}" in tensors}
     guide = guided_finish_for(pr.run, stored, plan.reuse_step, calls)
-    if guide is None:  # every step is at least as safe where the gate certified k* for it
-        notes.append(f"entry {plan.entry_id[:8]} has no stored x̂0 to guide the finish: every step computed")
+    if guide is None:  # lost since the gate saw the entry: every step, at least as exact
+        notes.append(f"entry {plan.entry_id[:8]} lost its stored x̂0: every step after k* computed")
     return guide
 
 
@@ -569,7 +579,8 @@ def _store(pr: ProbeResult, record: TrajectoryRecord, final: torch.Tensor,
            "snapshot_steps": str(sorted(record.snapshots)),
            "source_entry": plan.entry_id if plan else None,
            "class_json": str(pr.klass), "latent_format": run.latent_format}
-    tensors = record.tensors(final)
+    # the x̂0 a guided finish follows, only where this model's calibration certified one
+    tensors = record.tensors(final, denoised=bool(pr.gate_model is not None and pr.gate_model.finish_calls))
     if plan is not None:  # a reuse is no reuse source (cache.lookup): nor its connectivity
         connectivity = None
     if connectivity is not None:  # a mask no hit would run sparse is not worth its bytes

@@ -71,10 +71,9 @@ def _certified(same_full=None, same_guided=None):
     return RiskModel(thresholds=thresholds, confidence=0.9, finish_calls={"same_scene": 3})
 
 
-def _decide_same_scene(model, settings=None, steps=20):
+def _decide_same_scene(model, guided=True, depths=(16, 14, 12, 10, 8, 6, 4)):
     from carnator_core.gate import _cheapest_acceptable
-    return _cheapest_acceptable(SAME, [16, 14, 12, 10, 8, 6, 4], steps, model,
-                                settings or GateSettings(risk_budget=0.05), {})
+    return _cheapest_acceptable(SAME, list(depths), 20, model, 0.05, guided, {})
 
 
 def test_the_gate_runs_the_finish_that_computes_least_where_it_is_certified():
@@ -83,19 +82,17 @@ def test_the_gate_runs_the_finish_that_computes_least_where_it_is_certified():
     assert plan.accept and plan.finish_calls == 3 and plan.reuse_step == 8
     assert "guided finish of 3 calls" in plan.reason
     # at k* = 18 of 20 only 2 steps remain: every step computes less than 3 guided calls
-    plan = _decide_same_scene(_certified(same_full=0.9, same_guided=0.9), steps=20)
+    plan = _decide_same_scene(_certified(same_full=0.9, same_guided=0.9))
     assert plan.finish_calls == 3 and plan.reuse_step == 16  # 16 is the deepest stored: 4 > 3
-    from carnator_core.gate import _cheapest_acceptable
-    deep = _cheapest_acceptable(SAME, [18, 16], 20, _certified(same_full=0.9, same_guided=0.9),
-                                GateSettings(risk_budget=0.05), {})
+    deep = _decide_same_scene(_certified(same_full=0.9, same_guided=0.9), depths=(18, 16))
     assert deep.finish_calls == 0 and deep.reuse_step == 18
 
 
 def test_the_gate_falls_back_to_every_step_where_the_finish_is_not_certified_or_off():
     plan = _decide_same_scene(_certified(same_full=0.6))  # nothing certified for the guided finish
     assert plan.accept and plan.finish_calls == 0 and plan.reuse_step == 12
-    plan = _decide_same_scene(_certified(same_full=0.6, same_guided=0.8),
-                              GateSettings(risk_budget=0.05, guided_finish=False))
+    # switched off by the user, or the entry stored no x̂0 to follow
+    plan = _decide_same_scene(_certified(same_full=0.6, same_guided=0.8), guided=False)
     assert plan.finish_calls == 0 and plan.reuse_step == 12
     assert not _decide_same_scene(_certified()).accept  # neither finish is certified
 
@@ -141,8 +138,13 @@ def test_guided_by_its_own_trajectory_a_request_reproduces_its_full_run(tiny_mod
     assert run.model_calls - calls == n - k
 
 
-def _hit_plan(requests_in, model, risk_model, **gate):
+def _hit_plan(requests_in, model, risk_model, stored_model=None, **gate):
     from carnator_core import pipeline
+    from carnator_core.calibration import save
+    from carnator_core.comfy_adapter import model_fingerprint
+    # the first request stores what this model's calibration asks for (x̂0 when it has a
+    # guided finish)
+    save(stored_model or risk_model, requests_in.cache_folder, model_fingerprint(model))
     requests_in(model, "wan21", PROMPT)
     cache, _ = pipeline.open_cache(requests_in.cache_folder, 1 << 30)
     pr = pipeline.probe(requests_in.run_obj(model, "wan21", RELATED), cache, requests_in.settings)
@@ -193,11 +195,31 @@ def test_turning_the_finish_off_finishes_every_step(tiny_models, requests_in):
     assert s.steps_computed > pr.probe_steps + 3 + (2 if plan.region_fraction else 0)
 
 
-def test_entries_store_the_denoised_estimates_a_finish_follows(tiny_models, requests_in):
-    from carnator_core.cache import TrajectoryCache
+def test_an_entry_without_stored_estimates_is_finished_every_step(tiny_models, requests_in):
+    """Stored while the model had no guided finish calibrated: the gate does not plan one."""
     model = tiny_models["wan21"]
-    _, s = requests_in(model, "wan21", PROMPT)
-    stored = TrajectoryCache(requests_in.cache_folder, 1 << 30).load_tensors(s.stored_id)
-    snaps = sorted(int(k.split(".")[1]) for k in stored if k.startswith("snapshot.") and not k.endswith(".scale"))
-    x0s = sorted(int(k.split(".")[1]) for k in stored if k.startswith("denoised.") and not k.endswith(".scale"))
-    assert x0s == sorted(set(snaps) | {requests_in.steps - 1})
+    pipeline, pr, plan = _hit_plan(requests_in, model, _calibrated({"other": 3}),
+                                   stored_model=_calibrated({}))
+    assert plan.finish_calls == 0, plan.reason
+    _, s = pipeline.reuse(pr, plan)
+    assert s.model_calls == s.steps_computed and "guided finish" not in s.text()
+
+
+def _stored_steps(stored, prefix):
+    return sorted(int(k.split(".")[1]) for k in stored if k.startswith(prefix) and not k.endswith(".scale"))
+
+
+def test_entries_store_the_estimates_only_for_a_model_calibrated_with_the_finish(tiny_models, requests_in):
+    from carnator_core.cache import TrajectoryCache
+    from carnator_core.calibration import save
+    from carnator_core.comfy_adapter import model_fingerprint
+    model = tiny_models["wan21"]
+    cache = TrajectoryCache(requests_in.cache_folder, 1 << 30)
+    _, s = requests_in(model, "wan21", PROMPT)  # uncalibrated: never guided, nothing stored for it
+    assert not _stored_steps(cache.load_tensors(s.stored_id), "denoised.")
+    save(_calibrated({"same_scene": 3}), requests_in.cache_folder, model_fingerprint(model))
+    _, s = requests_in(model, "wan21", RELATED)
+    stored = cache.load_tensors(s.stored_id)
+    x0s = _stored_steps(stored, "denoised.")
+    assert x0s == sorted(set(_stored_steps(stored, "snapshot.")) | {requests_in.steps - 1})
+    assert stored["denoised_steps"].tolist() == x0s
