@@ -97,7 +97,7 @@ DEFAULT_LATENT_SHAPES = {
     "wan21": (1, 16, 3, 16, 16),
     "hunyuan_video": (1, 16, 3, 16, 16),
     "ltxv": (1, 128, 3, 8, 8),
-    "wan22_5b": (1, 48, 3, 8, 8),          # 16x VAE: half the rows and columns of Wan 2.1's
+    "wan22_5b": (1, 48, 3, 16, 16),        # 16x VAE: a 256×256 video; 192 tokens like the rest
     "wan22_a14b": (1, 16, 3, 16, 16),
     "hunyuan_video15": (1, 32, 3, 8, 8),   # 16x VAE, patch 1: 192 image tokens, like the rest
 }

@@ -13,7 +13,7 @@ backbone         file (models/tiny/)                      model_config  model_ba
 wan21            carnator_tiny_wan21.safetensors          WAN21_T2V     WAN21         1,105,344  2.22 MB   1x16x3x16x16
 hunyuan_video    carnator_tiny_hunyuan_video.safetensors  HunyuanVideo  HunyuanVideo  3,523,904  7.06 MB   1x16x3x16x16
 ltxv             carnator_tiny_ltxv.safetensors           LTXV          LTXV          1,252,864  2.51 MB   1x128x3x8x8
-wan22_5b         carnator_tiny_wan22_5b.safetensors       WAN22_T2V     WAN22         1,138,240  2.28 MB   1x48x3x8x8
+wan22_5b         carnator_tiny_wan22_5b.safetensors       WAN22_T2V     WAN22         1,138,240  2.28 MB   1x48x3x16x16
 wan22_a14b_high  carnator_tiny_wan22_a14b_high...         WAN21_T2V     WAN21         1,105,344  2.22 MB   1x16x3x16x16
 wan22_a14b_low   carnator_tiny_wan22_a14b_low...          WAN21_T2V     WAN21         1,105,344  2.22 MB   1x16x3x16x16
 hunyuan_video15  carnator_tiny_hunyuan_video15...         HunyuanVideo15 HunyuanVideo15 3,614,240 7.24 MB  1x32x3x8x8
@@ -130,7 +130,7 @@ SPECS = {
                        window_size=(-1, -1), qk_norm=True, cross_attn_norm=True, eps=1e-6),
         "model_config": "WAN22_T2V",
         "model_base": "WAN22",
-        "latent": (1, 48, 3, 8, 8),
+        "latent": (1, 48, 3, 16, 16),
     },
     # Wan 2.2 A14B: two experts of the Wan 2.1 layout (ComfyUI detects each as WAN21_T2V, as
     # it does the real files); same shapes, their own weights (the seed names the expert)

@@ -4,7 +4,8 @@ Shared by the tests (via conftest) and the benchmark scripts; needs no pytest.
 """
 import torch
 
-BACKBONES = ("wan21", "hunyuan_video", "ltxv")
+BACKBONES = ("wan21", "hunyuan_video", "ltxv", "wan22_5b", "hunyuan_video15")
+# Wan 2.2 A14B is a pair of models: tests/test_two_experts.py
 
 
 class Requests:
