@@ -360,6 +360,13 @@ class ComfyRun:
             self.noise_seed, self.noise_frame = self.seed, f"seed:{self.seed}"
         self.latent_image = _fix_empty_latent_channels(model, latent)
         self.batch_index = latent.get("batch_index")
+        # image-to-video by a noise mask (Wan 2.2 5B TI2V's Wan22ImageToVideoLatent): the
+        # masked-out frames are the given image in every step, so only requests with the same
+        # mask and image latent share work
+        self.noise_mask = latent.get("noise_mask")
+        if self.noise_mask is not None:
+            self.noise_frame += "|image:" + digest(tensor_digest(self.noise_mask, max_values=4096),
+                                                   tensor_digest(self.latent_image, max_values=4096))[:16]
         self.noise = comfy.sample.prepare_noise(self.latent_image, self.noise_seed, self.batch_index)
         self._bind_experts(low_noise_model, switch_step, switch_sigma)
         self.recorder = StepRecorder(self.sigmas)
@@ -459,7 +466,7 @@ class ComfyRun:
             if self.progress is not None:
                 self.progress.update_absolute(step + 1, self.steps)
 
-        return self._sample_path(list(range(start, end + 1)), latent, noise, callback)
+        return self._sample_path(list(range(start, end + 1)), latent, noise, callback, fresh)
 
     def jump(self, start: int, end: int, boundary_latent: torch.Tensor, calls: int) -> torch.Tensor:
         """The request's own trajectory from step ``start`` to ``end`` in ``calls`` model steps
@@ -467,10 +474,11 @@ class ComfyRun:
         at ``end``, in the form ``sample`` returns. Costs ``calls`` model steps."""
         idx = torch.linspace(start, end, max(1, calls) + 1).round().long().unique()
         self.recorder.capture_steps = set()
-        return self._sample_path(idx.tolist(), boundary_latent, torch.zeros_like(boundary_latent), None)
+        return self._sample_path(idx.tolist(), boundary_latent, torch.zeros_like(boundary_latent),
+                                 None, fresh=False)
 
     def _sample_path(self, indices: list[int], latent: torch.Tensor, noise: torch.Tensor,
-                     callback) -> torch.Tensor:
+                     callback, fresh: bool) -> torch.Tensor:
         """Sample through the schedule's steps ``indices``, one ``sample_custom`` per expert
         segment: the first adds ``noise``, later ones add none and continue from the
         leftover noise, exactly as chained KSamplerAdvanced nodes do."""
@@ -479,11 +487,28 @@ class ComfyRun:
             expert = self.experts[which]
             step_cb = None if callback is None else (
                 lambda i, x0, x, total, idx=idx: callback(idx[i], x0, x))
+            start, seg_noise = latent, (noise if n == 0 else torch.zeros_like(latent))
+            if self.noise_mask is not None and not (fresh and n == 0):
+                start, seg_noise = self._resume_around_image(expert, idx[0], latent)
             latent = comfy.sample.sample_custom(
-                expert.patched, noise if n == 0 else torch.zeros_like(latent), self.cfg, sampler,
-                expert.sigmas[idx], self.positive, self.negative, latent, noise_mask=None,
-                callback=step_cb, disable_pbar=True, seed=self.noise_seed)
+                expert.patched, seg_noise, self.cfg, sampler, expert.sigmas[idx], self.positive,
+                self.negative, start, noise_mask=self.noise_mask, callback=step_cb,
+                disable_pbar=True, seed=self.noise_seed)
         return latent
+
+    def _resume_around_image(self, expert: Expert, step: int, boundary_latent: torch.Tensor):
+        """(latent, noise) that make ComfyUI's sampler resume from ``boundary_latent`` at
+        ``step`` under a noise mask. Its sampler takes the latent it is given as the image the
+        mask keeps (KSamplerX0Inpaint), so hand it the request's own latent and express where
+        the trajectory is as noise around it: noise_scaling is affine in both."""
+        ms = expert.model.get_model_object("model_sampling")
+        to_model = expert.model.model.process_latent_in
+        sigma = expert.sigmas[step]
+        zeros = torch.zeros_like(boundary_latent)
+        here = ms.noise_scaling(sigma, zeros, to_model(boundary_latent))
+        image = ms.noise_scaling(sigma, zeros, to_model(self.latent_image.to(boundary_latent.device)))
+        unit = ms.noise_scaling(sigma, torch.ones_like(zeros), zeros)
+        return self.latent_image, (here - image) / unit
 
     def block_tokens(self, step: int) -> torch.Tensor | None:
         """The captured tokens of ``step`` (on the model's device), handed over once."""

@@ -78,3 +78,44 @@ def test_hunyuan15_image_tokens_join_the_text_part_of_joint_attention(tiny_model
     remaining = s.steps_total - s.reuse_step
     assert s.sparse_calls > 0 and s.sparse_calls % remaining == 0
     assert sum(sparse_call_counts().values()) == s.sparse_calls
+
+
+def ti2v_latent(image_seed: int = 0) -> dict:
+    """What Wan22ImageToVideoLatent makes of a start image (a fixed tensor stands in for its
+    VAE encoding): the first latent frame is the image, kept by the noise mask."""
+    import comfy.latent_formats
+    shape = DEFAULT_LATENT_SHAPES["wan22_5b"]
+    latent = torch.zeros(shape)
+    latent[:, :, :1] = torch.randn(shape[:2] + (1,) + shape[3:],
+                                   generator=torch.Generator().manual_seed(image_seed))
+    mask = torch.ones(1, 1, *shape[2:])
+    mask[:, :, :1] = 0.0
+    latent = comfy.latent_formats.Wan22().process_out(latent) * mask + latent * (1.0 - mask)
+    return {"samples": latent, "noise_mask": mask}
+
+
+def test_wan22_5b_image_to_video_keeps_the_image_and_reuses_only_with_it(tiny_models, requests_in):
+    """TI2V by a noise mask: a miss is what ComfyUI's own KSampler computes (image frame kept),
+    a related prompt with the same image hits, another image finds no candidates."""
+    import nodes
+    from carnator_core.comfy_adapter import run_request
+    model, backbone = tiny_models["wan22_5b"], "wan22_5b"
+    negative = conditioning_for("", backbone)
+
+    def ask(prompt, image_seed=0):
+        return run_request(model, conditioning_for(prompt, backbone), negative, ti2v_latent(image_seed),
+                           7, requests_in.steps, 4.0, "euler", "simple", requests_in.settings,
+                           {"folder": requests_in.cache_folder, "capacity_bytes": 1 << 30})
+
+    (reference,) = nodes.KSampler().sample(model, 7, requests_in.steps, 4.0, "euler", "simple",
+                                           conditioning_for(PROMPT, backbone), negative, ti2v_latent())
+    first, s1 = ask(PROMPT)
+    assert s1.outcome == "miss"
+    torch.testing.assert_close(first, reference["samples"], rtol=1e-4, atol=1e-4)
+    image = ti2v_latent()["samples"][:, :, :1]
+    torch.testing.assert_close(first[:, :, :1], image, rtol=1e-3, atol=1e-3)
+    second, s2 = ask(RELATED)
+    assert s2.outcome == "hit", s2.text()
+    torch.testing.assert_close(second[:, :, :1], image, rtol=1e-3, atol=1e-3)  # still that image
+    _, s3 = ask(RELATED, image_seed=1)
+    assert s3.outcome == "miss" and "none for this model" in s3.lookup_message
