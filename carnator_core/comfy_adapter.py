@@ -608,9 +608,10 @@ def encode_text(clip, text: str, model=None):
 def calibrate_model(model, clip, latent: dict, pairs: list[dict], steps: int, cfg: float,
                     sampler_name: str, scheduler: str, tolerance, cache_folder: str,
                     settings, vae=None, seed: int = 0, include_audits: bool = True,
-                    node_id: str | None = None):
+                    node_id: str | None = None, **pair):
     """Run the generic calibration (``self_calibration``) on a ComfyUI model with ComfyUI's
-    progress bar; resumable. Returns (RiskModel, report dict)."""
+    progress bar; resumable. Returns (RiskModel, report dict). ``pair``: low_noise_model,
+    switch_step, switch_sigma — a Wan 2.2 A14B pair is calibrated as the one model it is."""
     from .self_calibration import calibrate
     negative = encode_text(clip, "", model)
     conds: dict[str, Any] = {}
@@ -619,7 +620,7 @@ def calibrate_model(model, clip, latent: dict, pairs: list[dict], steps: int, cf
         if prompt not in conds:
             conds[prompt] = encode_text(clip, prompt, model)
         return ComfyRun(model, conds[prompt], negative, latent, pair_seed, steps, cfg,
-                        sampler_name, scheduler, progress=False)
+                        sampler_name, scheduler, progress=False, **pair)
 
     bar = comfy.utils.ProgressBar(len(pairs))
 
@@ -627,7 +628,7 @@ def calibrate_model(model, clip, latent: dict, pairs: list[dict], steps: int, cf
         bar.update_absolute(done, total)
         notify("calibration", {"done": done, "total": total}, node_id)
 
-    fingerprint = model_fingerprint(model)
+    fingerprint = make_run("", seed).fingerprint()  # the pair's, with its switch, for two experts
     return calibrate(make_run, pairs, settings, tolerance, cache_folder, fingerprint, steps,
                      seed=seed, decode=frames_decoder(vae), include_audits=include_audits,
                      on_pair=on_pair)

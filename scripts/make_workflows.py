@@ -71,7 +71,7 @@ WIDGETS = {
     "CarnatorReuseSampler": SPARSE_OPTIONAL + AUDIT_OPTIONAL,
     "CarnatorSampler": (SAMPLING_WIDGETS + PROBE_WIDGETS + GATE_WIDGETS + PROBE_OPTIONAL
                         + GATE_OPTIONAL + SPARSE_OPTIONAL + AUDIT_OPTIONAL + EXPERT_OPTIONAL),
-    "CarnatorCalibrate": CALIBRATE_WIDGETS,
+    "CarnatorCalibrate": CALIBRATE_WIDGETS + EXPERT_OPTIONAL,
     "SaveLatent": ["filename_prefix"],
 }
 
@@ -119,7 +119,8 @@ def calibration_graph(backbone: str) -> dict[str, dict]:
         "5": ("CarnatorCalibrate", {"model": ["1", 0], "latent_image": ["4", 0], "prompts": "",
                                     "pairs": 60, "first_seed": 0, "steps": STEPS, "cfg": CFG,
                                     "sampler_name": "euler", "scheduler": "simple",
-                                    "psnr_bound": 30.0, "include_audits": True}),
+                                    "psnr_bound": 30.0, "include_audits": True,
+                                    "switch_step": 0, "switch_sigma": 0.875}),
     }
     return {k: {"class_type": t, "inputs": i, "_meta": {"title": t}} for k, (t, i) in g.items()}
 

@@ -200,3 +200,24 @@ def test_hits_run_block_sparse_and_dense_calls_chain_to_an_existing_override(pai
     assert sum(sparse_call_counts().values()) == s.sparse_calls  # the kernel itself ran
     # the low-noise expert's cross-attention (dense) went through the user's override
     assert seen["calls"] >= s.expert_calls[LOW]
+
+
+def test_a_pair_is_calibrated_as_the_one_model_it_is(pair, requests_in):
+    """Carnator Calibrate with a low_noise_model writes the calibration under the pair's
+    fingerprint (both experts and the switch), and the pair's requests then use it."""
+    from carnator_core import prompt_pairs
+    from carnator_core.comfy_adapter import calibrate_model, model_fingerprint
+    from carnator_core.demo_text import DEFAULT_LATENT_SHAPES
+    from carnator_core.pipeline import ReuseSettings
+    from carnator_core.tolerance import Tolerance
+    latent = {"samples": torch.zeros(DEFAULT_LATENT_SHAPES[BACKBONE])}
+    pairs = prompt_pairs.pairs_from_text(f"{PROMPT} || {RELATED}", 4, seed=0)
+    _, report = calibrate_model(pair["high"], None, latent, pairs, STEPS, 4.0, "euler", "simple",
+                                Tolerance(30.0, "latent"), requests_in.cache_folder,
+                                ReuseSettings(probe_fraction=0.1), low_noise_model=pair["low"],
+                                switch_step=SWITCH)
+    run = requests_in.run_obj(pair["high"], BACKBONE, PROMPT, low_noise_model=pair["low"],
+                              switch_step=SWITCH)
+    assert report["model_fingerprint"] == run.fingerprint() != model_fingerprint(pair["high"])
+    _, s = ask(requests_in, pair, PROMPT)
+    assert "gate: calibrated" in s.calibration, s.calibration
