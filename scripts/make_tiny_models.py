@@ -24,8 +24,9 @@ A14B file as WAN21_T2V too; Carnator pairs them (comfy_adapter.ExpertPair). Huny
 1.5's file is 7.2 MB on disk but 3.4 MB deflated (git stores it so): its ``vision_in``
 image-token path, 1.5 M weights the detector requires and text-to-video never feeds, is
 stored as zeros. Its text reaches the video only through joint attention (no ``vector_in``,
-no ``guidance_in``, as in the release), so its output depends on the prompt less (relative
-difference ~0.03 against ~0.2 for the Wan files).
+no ``guidance_in``, as in the release): with one random block the prompt barely showed
+(relative difference 0.03), so its text values are scaled by TEXT_VALUE_SCALE (0.16, as the
+Wan files' ~0.2).
 
 8 euler steps, simple scheduler, cfg 2.0 (cond + uncond batched: 8 model calls of batch 2),
 on the 2-core CPU box with torch 2.14.1, fp32 compute (ComfyUI never computes in bf16 on
@@ -91,6 +92,7 @@ from safetensors.torch import load_file, save
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SEED = 20251129
 STORE_DTYPE = torch.bfloat16
+TEXT_VALUE_SCALE = 8.0  # HunyuanVideo 1.5's text values (see its spec)
 
 # name -> how to build it, what ComfyUI must detect, what to test it on
 SPECS = {
@@ -177,6 +179,10 @@ SPECS = {
         # zeros so the committed blob deflates to almost nothing; its tokens still join
         # the joint attention when a clip_vision_output is given
         "zero": ("vision_in.proj.1.weight", "vision_in.proj.3.weight"),
+        # one random block lets the prompt barely show (text enters only through joint
+        # attention, q and k RMS-normed): larger text values make prompts tell apart, as
+        # the release's 54 trained blocks do
+        "scale": {"double_blocks.0.txt_attn.qkv.weight": TEXT_VALUE_SCALE},
     },
     "ltxv": {
         "file": "carnator_tiny_ltxv.safetensors",
@@ -246,6 +252,7 @@ def build_state_dict(name: str) -> dict[str, torch.Tensor]:
     sd = {}
     for k, t in sorted(model.state_dict().items()):
         value = torch.zeros(t.shape) if k in spec.get("zero", ()) else init_tensor(name, k, t)
+        value = value * spec.get("scale", {}).get(k, 1.0)
         sd[k] = value.to(STORE_DTYPE).contiguous()
     return sd
 

@@ -36,8 +36,6 @@ MODELS = {
     "wan22_a14b_low": ("carnator_tiny_wan22_a14b_low.safetensors", "WAN21_T2V", "WAN21"),
     "hunyuan_video15": ("carnator_tiny_hunyuan_video15.safetensors", "HunyuanVideo15", "HunyuanVideo15"),
 }
-# text reaches HunyuanVideo 1.5's video tokens only through one joint-attention block
-PROMPT_EFFECT = {"hunyuan_video15": 0.01}
 STEPS, CFG = 4, 2.0
 
 
@@ -105,7 +103,7 @@ def test_sampling_shape_prompt_dependence_and_determinism(comfy, loaded, backbon
         assert tuple(out.shape) == shape
         assert torch.isfinite(out).all()
         assert out.std() > 0.1  # not collapsed
-    assert (a - b).norm() / a.norm() > PROMPT_EFFECT.get(backbone, 0.05), "output does not depend on the prompt"
+    assert (a - b).norm() / a.norm() > 0.05, "output does not depend on the prompt"
     assert torch.equal(a, a2), "same prompt and seed must give the same latent"
 
 
