@@ -399,12 +399,14 @@ class ComfyRun:
 
     # identity
     def fingerprint(self) -> str:
-        """The model's, or for a pair both experts' and the boundary step: another pairing or
-        another boundary is another model."""
+        """The model's, or for a pair both experts' and where the switch falls: another
+        pairing or another boundary is another model. The switch is kept as a share of the
+        steps (the step count is in the class anyway), so a calibration made at 12 steps
+        switching at 6 serves 30 steps switching at 15, as it would a single model."""
         if len(self.experts) == 1:
             return model_fingerprint(self.model)
         return digest("experts", [model_fingerprint(e.model) for e in self.experts],
-                      self.boundary)[:32]
+                      round(self.boundary / self.steps, 6))[:32]
 
     def compatibility_class(self) -> CompatibilityClass:
         return CompatibilityClass(
