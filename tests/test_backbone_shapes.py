@@ -97,7 +97,8 @@ def ti2v_latent(image_seed: int = 0) -> dict:
 def test_wan22_5b_image_to_video_keeps_the_image_and_reuses_only_with_it(tiny_models, requests_in):
     """TI2V by a noise mask: a miss is what ComfyUI's own KSampler computes (image frame kept),
     a related prompt with the same image hits, another image finds no candidates."""
-    import nodes
+    from comfy_host import host_nodes
+    nodes = host_nodes()
     from carnator_core.comfy_adapter import run_request
     model, backbone = tiny_models["wan22_5b"], "wan22_5b"
     negative = conditioning_for("", backbone)

@@ -41,7 +41,8 @@ def ask(requests, pair, prompt, switch_step=SWITCH, **kw):
 
 def ksampler_advanced_chain(pair, prompt, seed=7, boundary=SWITCH):
     """What a user's workflow computes: two KSamplerAdvanced nodes of the host's nodes.py."""
-    import nodes
+    from comfy_host import host_nodes
+    nodes = host_nodes()
     requests = Requests("unused", steps=STEPS)
     positive, negative, latent = requests.inputs(BACKBONE, prompt)
     sampler = nodes.KSamplerAdvanced()
