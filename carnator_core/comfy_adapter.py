@@ -6,7 +6,8 @@ segment of the sampler through ``comfy.sample.sample_custom``, latent-space conv
 segment boundaries, and the model patches that collect evidence. Patches use only public
 surfaces: ``ModelPatcher.clone()``, ``patcher_extension`` wrappers and
 ``transformer_options["patches_replace"]["dit"]`` block patches, each chained to whatever
-was there before.
+was there before. A Wan 2.2 A14B pair is two such clones, sampled in segments cut at the
+boundary step as two chained KSamplerAdvanced nodes would (``experts.py``).
 """
 from __future__ import annotations
 
@@ -25,7 +26,9 @@ import comfy.sample
 import comfy.samplers
 import comfy.utils
 
+from . import experts
 from .keys import CompatibilityClass, digest, sigma_schedule_digest, tensor_digest
+from .signature import VIDEO_PATCHES
 from .sparse_reuse import AttentionPlan, SparseSettings
 
 log = logging.getLogger("carnator")
@@ -94,6 +97,40 @@ def backbone_name(model) -> str:
     return type(model.model).__name__
 
 
+def model_patch_size(model) -> tuple[int, int, int] | None:
+    """The (t, h, w) patch the diffusion model tokenizes its latent with, when it says so
+    (Wan, HunyuanVideo); None for models that keep it elsewhere (LTX-Video's patchifier)."""
+    size = getattr(model.get_model_object("diffusion_model"), "patch_size", None)
+    if isinstance(size, (list, tuple)) and len(size) == 3 and all(isinstance(v, int) for v in size):
+        return tuple(size)
+    return None
+
+
+def check_expert_pair(high, low) -> None:
+    """A clear error for a second model that cannot be the first one's low-noise expert."""
+    hm, lm = high.model, low.model
+    if type(hm) is not type(lm) or type(hm.diffusion_model) is not type(lm.diffusion_model):
+        raise ValueError(f"low_noise_model is a {type(lm).__name__} model but model is a "
+                         f"{type(hm).__name__}: both experts of a pair must be one architecture "
+                         "(Wan 2.2 A14B: its high-noise file to model, its low-noise file to "
+                         "low_noise_model)")
+    hf, lf = (type(m.get_model_object("latent_format")).__name__ for m in (high, low))
+    if hf != lf:
+        raise ValueError(f"the experts use different latent formats ({hf} and {lf}); connect "
+                         "two experts of the same release")
+    hs = {k: tuple(v.shape) for k, v in hm.diffusion_model.state_dict().items()}
+    ls = {k: tuple(v.shape) for k, v in lm.diffusion_model.state_dict().items()}
+    if hs != ls:
+        key = next(k for k in sorted(set(hs) | set(ls)) if hs.get(k) != ls.get(k))
+        raise ValueError(f"expert layouts differ: {key} is {hs.get(key, 'missing')} in model and "
+                         f"{ls.get(key, 'missing')} in low_noise_model; a pair must be the high- "
+                         "and low-noise experts of one release (e.g. both Wan 2.2 A14B T2V)")
+    if model_fingerprint(high) == model_fingerprint(low):
+        raise ValueError("low_noise_model is the same model as model (same weights and patches): "
+                         "connect Wan 2.2's low-noise expert, or leave low_noise_model empty to "
+                         "run one model")
+
+
 def cond_digest(conditioning) -> str:
     """Digest of a CONDITIONING list: tensors and the plain values beside them."""
     parts = []
@@ -132,6 +169,7 @@ class StepRecorder:
     capture_steps: set[int] = field(default_factory=set)
     block_tokens: dict[int, torch.Tensor] = field(default_factory=dict)
     model_calls: int = 0
+    expert_calls: dict[str, int] = field(default_factory=dict)  # two-expert models, per expert
     attention: AttentionPlan | None = None  # what self-attention does at each step
     n_context: int = 0                       # text tokens of the current model call
     attention_layer: int = 0                 # self-attention calls seen in this model call
@@ -162,15 +200,32 @@ def _find_block_list(diffusion_model: torch.nn.Module) -> torch.nn.ModuleList | 
     return None
 
 
-def patched_for_recording(model, recorder: StepRecorder):
-    """A clone that records model calls and one block's tokens at the capture steps."""
+# inputs a joint-attention model appends to its text tokens (HunyuanVideo 1.5: ByT5 glyph
+# tokens and image tokens), so the text part of a joint attention call is their sum
+_TEXT_TOKEN_INPUTS = ("context", "txt_byt5", "clip_fea")
+
+
+def _text_tokens(executor, args, kwargs) -> int:
+    """Text-side tokens of one diffusion-model call, read from its named inputs."""
+    try:
+        bound = inspect.signature(executor.original).bind_partial(*args, **kwargs).arguments
+    except (TypeError, ValueError, AttributeError):
+        bound = {"context": args[2] if len(args) > 2 else kwargs.get("context")}
+    return sum(int(bound[k].shape[1]) for k in _TEXT_TOKEN_INPUTS
+               if isinstance(bound.get(k), torch.Tensor) and bound[k].ndim == 3)
+
+
+def patched_for_recording(model, recorder: StepRecorder, expert: str | None = None):
+    """A clone that records model calls (per ``expert`` too, when it is one of a pair) and
+    one block's tokens at the capture steps."""
     m = model.clone()
 
     def count_calls(executor, *args, **kwargs):
         recorder.model_calls += 1
+        if expert is not None:
+            recorder.expert_calls[expert] = recorder.expert_calls.get(expert, 0) + 1
         recorder.attention_layer = 0
-        context = args[2] if len(args) > 2 else kwargs.get("context")
-        recorder.n_context = int(context.shape[1]) if isinstance(context, torch.Tensor) else 0
+        recorder.n_context = _text_tokens(executor, args, kwargs)
         return executor(*args, **kwargs)
 
     m.add_wrapper_with_key(comfy.patcher_extension.WrappersMP.DIFFUSION_MODEL, WRAPPER_KEY,
@@ -290,12 +345,25 @@ def schedule(model, scheduler: str, sampler_name: str, steps: int) -> torch.Tens
 StepCallback = Callable[[int, torch.Tensor, torch.Tensor], None]
 
 
+@dataclass
+class Expert:
+    """One model of the run: its name, the model as connected, the schedule its own
+    KSamplerAdvanced would use, and the recording clone that runs it."""
+
+    name: str
+    model: Any
+    sigmas: torch.Tensor
+    patched: Any = None
+
+
 class ComfyRun:
-    """One request bound to a ComfyUI model: schedule, noise, and segment sampling."""
+    """One request bound to a ComfyUI model (or a Wan 2.2 A14B pair of experts): schedule,
+    noise, and segment sampling."""
 
     def __init__(self, model, positive, negative, latent: dict, seed: int, steps: int,
                  cfg: float, sampler_name: str, scheduler: str, seed_policy: str = "same_seed",
-                 noise_pool: int = 4, progress: bool = True):
+                 noise_pool: int = 4, progress: bool = True, low_noise_model=None,
+                 switch_step: int = 0, switch_sigma: float = experts.WAN22_SWITCH_SIGMA):
         if "samples" not in latent:
             raise ValueError("LATENT input has no 'samples' tensor")
         self.model = model
@@ -309,18 +377,57 @@ class ComfyRun:
             self.noise_seed, self.noise_frame = self.seed, f"seed:{self.seed}"
         self.latent_image = _fix_empty_latent_channels(model, latent)
         self.batch_index = latent.get("batch_index")
+        # image-to-video by a noise mask (Wan 2.2 5B TI2V's Wan22ImageToVideoLatent): the
+        # masked-out frames are the given image in every step, so only requests with the same
+        # mask and image latent share work
+        self.noise_mask = latent.get("noise_mask")
+        if self.noise_mask is not None:
+            self.noise_frame += "|image:" + digest(tensor_digest(self.noise_mask, max_values=4096),
+                                                   tensor_digest(self.latent_image, max_values=4096))[:16]
         self.noise = comfy.sample.prepare_noise(self.latent_image, self.noise_seed, self.batch_index)
-        self.sigmas = schedule(model, scheduler, sampler_name, self.steps)
+        self._bind_experts(low_noise_model, switch_step, switch_sigma)
         self.recorder = StepRecorder(self.sigmas)
-        self.recorder.attention = AttentionPlan(SparseSettings(), tuple(self.latent_image.shape[-3:]))
-        self.patched = patched_for_recording(model, self.recorder)
+        patch = model_patch_size(model)
+        self.token_patches = (patch,) if patch else None
+        self.recorder.attention = AttentionPlan(SparseSettings(), tuple(self.latent_image.shape[-3:]),
+                                                patches=self.token_patches or VIDEO_PATCHES)
+        for e in self.experts:
+            e.patched = patched_for_recording(e.model, self.recorder,
+                                              e.name if len(self.experts) > 1 else None)
         # calibration runs hundreds of these under one node: it keeps its own bar
         self.progress = comfy.utils.ProgressBar(self.steps) if progress else None
 
+    def _bind_experts(self, low_noise_model, switch_step: int, switch_sigma: float) -> None:
+        """One model runs every step; a pair splits them at ``self.boundary`` (the first
+        low-noise step) and the run's schedule is each expert's own on its side."""
+        high = schedule(self.model, self.scheduler, self.sampler_name, self.steps)
+        if low_noise_model is None:
+            self.experts, self.boundary, self.sigmas = [Expert("model", self.model, high)], self.steps, high
+            return
+        check_expert_pair(self.model, low_noise_model)
+        low = schedule(low_noise_model, self.scheduler, self.sampler_name, self.steps)
+        self.boundary = experts.boundary_step(high.tolist(), self.steps, switch_step, switch_sigma)
+        self.experts = [Expert(experts.HIGH_NOISE, self.model, high),
+                        Expert(experts.LOW_NOISE, low_noise_model, low)]
+        self.sigmas = torch.cat([high[:self.boundary], low[self.boundary:]])
+
+    def _expert_at(self, step: int) -> Expert:
+        return self.experts[0 if step < self.boundary else -1]
+
     # identity
+    def fingerprint(self) -> str:
+        """The model's, or for a pair both experts' and where the switch falls: another
+        pairing or another boundary is another model. The switch is kept as a share of the
+        steps (the step count is in the class anyway), so a calibration made at 12 steps
+        switching at 6 serves 30 steps switching at 15, as it would a single model."""
+        if len(self.experts) == 1:
+            return model_fingerprint(self.model)
+        return digest("experts", [model_fingerprint(e.model) for e in self.experts],
+                      round(self.boundary / self.steps, 6))[:32]
+
     def compatibility_class(self) -> CompatibilityClass:
         return CompatibilityClass(
-            model_fingerprint=model_fingerprint(self.model),
+            model_fingerprint=self.fingerprint(),
             latent_shape=tuple(int(s) for s in self.latent_image.shape),
             sigma_digest=sigma_schedule_digest(self.sigmas.tolist()),
             sampler=self.sampler_name, cfg=round(self.cfg, 4), noise_frame=self.noise_frame)
@@ -335,7 +442,7 @@ class ComfyRun:
 
     @property
     def backbone(self) -> str:
-        return backbone_name(self.model)
+        return "+".join(backbone_name(e.model) for e in self.experts)
 
     @property
     def latent_format(self) -> str:
@@ -348,6 +455,12 @@ class ComfyRun:
     @property
     def model_calls(self) -> int:
         return self.recorder.model_calls
+
+    @property
+    def expert_calls(self) -> dict[str, int]:
+        """Model calls per expert so far ({} for a single model)."""
+        return {e.name: self.recorder.expert_calls.get(e.name, 0)
+                for e in self.experts} if len(self.experts) > 1 else {}
 
     # sampling
     def sample(self, start: int, end: int, boundary_latent: torch.Tensor | None,
@@ -368,8 +481,7 @@ class ComfyRun:
         noise = self.noise if fresh else torch.zeros_like(latent)
         self.recorder.capture_steps = set(capture_steps)
 
-        def callback(i, x0, x, total):
-            step = start + i
+        def callback(step, x0, x):
             if on_step is not None:
                 on_step(step, x.detach(), x0.detach())
             if self.progress is not None:
@@ -377,7 +489,7 @@ class ComfyRun:
 
         self.recorder.guide = guide
         try:
-            return self._sample_sigmas(self.sigmas[start:end + 1], latent, noise, callback)
+            return self._sample_path(list(range(start, end + 1)), latent, noise, callback, fresh)
         finally:
             self.recorder.guide = None
 
@@ -387,35 +499,62 @@ class ComfyRun:
         at ``end``, in the form ``sample`` returns. Costs ``calls`` model steps."""
         idx = torch.linspace(start, end, max(1, calls) + 1).round().long().unique()
         self.recorder.capture_steps = set()
-        return self._sample_sigmas(self.sigmas[idx], boundary_latent,
-                                   torch.zeros_like(boundary_latent), None)
+        return self._sample_path(idx.tolist(), boundary_latent, torch.zeros_like(boundary_latent),
+                                 None, fresh=False)
 
-    def _sample_sigmas(self, sigmas: torch.Tensor, latent: torch.Tensor, noise: torch.Tensor,
-                       callback) -> torch.Tensor:
+    def _sample_path(self, indices: list[int], latent: torch.Tensor, noise: torch.Tensor,
+                     callback, fresh: bool) -> torch.Tensor:
+        """Sample through the schedule's steps ``indices``, one ``sample_custom`` per expert
+        segment: the first adds ``noise``, later ones add none and continue from the
+        leftover noise, exactly as chained KSamplerAdvanced nodes do."""
         sampler = comfy.samplers.sampler_object(self.sampler_name)
-        return comfy.sample.sample_custom(
-            self.patched, noise, self.cfg, sampler, sigmas, self.positive, self.negative, latent,
-            noise_mask=None, callback=callback, disable_pbar=True, seed=self.noise_seed)
+        for n, (which, idx) in enumerate(experts.segments(indices, self.boundary)):
+            expert = self.experts[which]
+            step_cb = None if callback is None else (
+                lambda i, x0, x, total, idx=idx: callback(idx[i], x0, x))
+            start, seg_noise = latent, (noise if n == 0 else torch.zeros_like(latent))
+            if self.noise_mask is not None and not (fresh and n == 0):
+                start, seg_noise = self._resume_around_image(expert, idx[0], latent)
+            latent = comfy.sample.sample_custom(
+                expert.patched, seg_noise, self.cfg, sampler, expert.sigmas[idx], self.positive,
+                self.negative, start, noise_mask=self.noise_mask, callback=step_cb,
+                disable_pbar=True, seed=self.noise_seed)
+        return latent
+
+    def _resume_around_image(self, expert: Expert, step: int, boundary_latent: torch.Tensor):
+        """(latent, noise) that make ComfyUI's sampler resume from ``boundary_latent`` at
+        ``step`` under a noise mask. Its sampler takes the latent it is given as the image the
+        mask keeps (KSamplerX0Inpaint), so hand it the request's own latent and express where
+        the trajectory is as noise around it: noise_scaling is affine in both."""
+        ms = expert.model.get_model_object("model_sampling")
+        to_model = expert.model.model.process_latent_in
+        sigma = expert.sigmas[step]
+        zeros = torch.zeros_like(boundary_latent)
+        here = ms.noise_scaling(sigma, zeros, to_model(boundary_latent))
+        image = ms.noise_scaling(sigma, zeros, to_model(self.latent_image.to(boundary_latent.device)))
+        unit = ms.noise_scaling(sigma, torch.ones_like(zeros), zeros)
+        return self.latent_image, (here - image) / unit
 
     def block_tokens(self, step: int) -> torch.Tensor | None:
         """The captured tokens of ``step`` (on the model's device), handed over once."""
         return self.recorder.block_tokens.pop(step, None)
 
-    # latent-space conversions at segment boundaries
-    def _model_sampling(self):
-        return self.model.get_model_object("model_sampling")
+    # latent-space conversions at segment boundaries (by the expert that owns the step)
+    def _model_sampling(self, step: int):
+        return self._expert_at(step).model.get_model_object("model_sampling")
 
     def boundary_from_sampler_space(self, x: torch.Tensor, step: int) -> torch.Tensor:
         """Sampler-space x at ``step`` → the form ``sample`` accepts to resume there."""
         sigma = self.sigmas[step].to(x.device)
-        latent = self._model_sampling().inverse_noise_scaling(sigma, x.float())
-        return self.model.model.process_latent_out(latent).to(comfy.model_management.intermediate_device())
+        latent = self._model_sampling(step).inverse_noise_scaling(sigma, x.float())
+        out = self._expert_at(step).model.model.process_latent_out(latent)
+        return out.to(comfy.model_management.intermediate_device())
 
     def renoise(self, x0_hat: torch.Tensor, step: int) -> torch.Tensor:
         """The request's own estimate x̂0 brought to sigma_step with its own noise."""
         sigma = self.sigmas[step].to(x0_hat.device)
-        return self._model_sampling().noise_scaling(sigma, self.noise.to(x0_hat.device),
-                                                    x0_hat.float(), max_denoise=False)
+        return self._model_sampling(step).noise_scaling(sigma, self.noise.to(x0_hat.device),
+                                                        x0_hat.float(), max_denoise=False)
 
     def finish_progress(self) -> None:
         if self.progress is not None:
@@ -441,8 +580,11 @@ def notify(event: str, data: dict, node_id: str | None = None) -> None:
 def start_request(model, positive, negative, latent: dict, seed: int, steps: int, cfg: float,
                   sampler_name: str, scheduler: str, settings, cache_config: dict | None = None,
                   seed_policy: str = "same_seed", label: str = "", node_id: str | None = None,
-                  vae=None):
-    """Build the run, open the cache (or explain why not) and run the Early Probe."""
+                  vae=None, low_noise_model=None, switch_step: int = 0,
+                  switch_sigma: float = experts.WAN22_SWITCH_SIGMA):
+    """Build the run, open the cache (or explain why not) and run the Early Probe.
+    ``low_noise_model``: Wan 2.2 A14B's second expert, switched to at ``switch_step`` (or,
+    when 0, at the first step below ``switch_sigma``)."""
     from .pipeline import open_cache, probe  # local: pipeline imports nothing of ComfyUI
     cache_config = cache_config or {}
     from .cache_backend import configured_location
@@ -451,7 +593,8 @@ def start_request(model, positive, negative, latent: dict, seed: int, steps: int
                 or cache_config.get("folder") or default_cache_folder())
     capacity = int(cache_config.get("capacity_bytes") or 8 * 1024**3)
     run = ComfyRun(model, positive, negative, latent, seed, steps, cfg, sampler_name, scheduler,
-                   seed_policy=seed_policy)
+                   seed_policy=seed_policy, low_noise_model=low_noise_model,
+                   switch_step=switch_step, switch_sigma=switch_sigma)
     cache, message = open_cache(location, capacity)
     notify("phase", {"phase": "probe", "steps": run.steps}, node_id)
     result = probe(run, cache, settings, cache_message=message, prompt=label)
@@ -490,9 +633,10 @@ def encode_text(clip, text: str, model=None):
 def calibrate_model(model, clip, latent: dict, pairs: list[dict], steps: int, cfg: float,
                     sampler_name: str, scheduler: str, tolerance, cache_folder: str,
                     settings, vae=None, seed: int = 0, include_audits: bool = True,
-                    node_id: str | None = None):
+                    node_id: str | None = None, **pair):
     """Run the generic calibration (``self_calibration``) on a ComfyUI model with ComfyUI's
-    progress bar; resumable. Returns (RiskModel, report dict)."""
+    progress bar; resumable. Returns (RiskModel, report dict). ``pair``: low_noise_model,
+    switch_step, switch_sigma — a Wan 2.2 A14B pair is calibrated as the one model it is."""
     from .self_calibration import calibrate
     negative = encode_text(clip, "", model)
     conds: dict[str, Any] = {}
@@ -501,7 +645,7 @@ def calibrate_model(model, clip, latent: dict, pairs: list[dict], steps: int, cf
         if prompt not in conds:
             conds[prompt] = encode_text(clip, prompt, model)
         return ComfyRun(model, conds[prompt], negative, latent, pair_seed, steps, cfg,
-                        sampler_name, scheduler, progress=False)
+                        sampler_name, scheduler, progress=False, **pair)
 
     bar = comfy.utils.ProgressBar(len(pairs))
 
@@ -509,7 +653,7 @@ def calibrate_model(model, clip, latent: dict, pairs: list[dict], steps: int, cf
         bar.update_absolute(done, total)
         notify("calibration", {"done": done, "total": total}, node_id)
 
-    fingerprint = model_fingerprint(model)
+    fingerprint = make_run("", seed).fingerprint()  # the pair's, with its switch, for two experts
     return calibrate(make_run, pairs, settings, tolerance, cache_folder, fingerprint, steps,
                      seed=seed, decode=frames_decoder(vae), include_audits=include_audits,
                      on_pair=on_pair)
@@ -555,14 +699,14 @@ def latent_rgb_factors(latent_format: str) -> tuple[torch.Tensor, torch.Tensor |
 
 def run_request(model, positive, negative, latent: dict, seed: int, steps: int, cfg: float,
                 sampler_name: str, scheduler: str, settings, cache_config: dict | None = None,
-                seed_policy: str = "same_seed", label: str = "", vae=None):
+                seed_policy: str = "same_seed", label: str = "", vae=None, **pair):
     """The whole flow in one call (what CarnatorSampler does): for scripts and benchmarks.
 
     Returns (latent samples, Summary); the Summary also carries ``lookup_message``.
     """
     from . import pipeline
     pr = start_request(model, positive, negative, latent, seed, steps, cfg, sampler_name,
-                       scheduler, settings, cache_config, seed_policy, label, vae=vae)
+                       scheduler, settings, cache_config, seed_policy, label, vae=vae, **pair)
     plan, found = pipeline.lookup_and_gate(pr)
     samples, summary = pipeline.reuse(pr, plan)
     summary.lookup_message = found.message

@@ -53,6 +53,13 @@ contract), plus:
   ``attention_mask=True``, padded to 128 tokens) always returns one. LTXV turns it into an
   additive mask for cross-attention, and it batches fine (cond + uncond, B=2).
 
+* ``wan22_5b`` (``model_base.WAN22``) and ``wan22_a14b`` (two ``WAN21`` experts): as
+  ``wan21`` (the same UMT5 encoder).
+* ``hunyuan_video15`` (``model_base.HunyuanVideo15``): tokens 3584 wide (Qwen2.5-VL-7B);
+  no ``guidance`` (the release has no guidance embedding; cfg does the guiding) and no
+  ``attention_mask`` (extra_conds drops an all-ones one; zero padding is attended to, as
+  for HunyuanVideo). ``pooled_output`` is harmless: without ``vector_in`` it is unused.
+
 ``DEFAULT_LATENT_SHAPES`` gives the latent shape each tiny test model is run on (see
 ``scripts/make_tiny_models.py``).
 """
@@ -66,7 +73,7 @@ import re
 import torch
 
 __all__ = ["encode_prompt", "conditioning_for", "canonical_backbone", "words_of",
-           "BACKBONES", "DEFAULT_LATENT_SHAPES"]
+           "BACKBONES", "DEFAULT_LATENT_SHAPES", "TOKEN_DIMS"]
 
 _WORD_RE = re.compile(r"[a-z0-9']+")
 _POS_SCALE = 0.1
@@ -77,19 +84,33 @@ BACKBONES = {
     "wan21": {},
     "hunyuan_video": {"guidance": 6.0},
     "ltxv": {"frame_rate": 25.0},
+    "wan22_5b": {},
+    "wan22_a14b": {},
+    "hunyuan_video15": {},
 }
+
+#: token width of each backbone's real text encoder, where it is not UMT5/T5/LLaMA's 4096
+TOKEN_DIMS = {"hunyuan_video15": 3584}  # Qwen2.5-VL-7B hidden states
 
 #: latent shape (B, C, T, H, W) each tiny model in models/tiny/ is tested on
 DEFAULT_LATENT_SHAPES = {
     "wan21": (1, 16, 3, 16, 16),
     "hunyuan_video": (1, 16, 3, 16, 16),
     "ltxv": (1, 128, 3, 8, 8),
+    "wan22_5b": (1, 48, 3, 16, 16),        # 16x VAE: a 256×256 video; 192 tokens like the rest
+    "wan22_a14b": (1, 16, 3, 16, 16),
+    "hunyuan_video15": (1, 32, 3, 8, 8),   # 16x VAE, patch 1: 192 image tokens, like the rest
 }
 
 _ALIASES = {
     "wan": "wan21", "wan21": "wan21", "wan2.1": "wan21", "wan21t2v": "wan21",
     "hunyuan": "hunyuan_video", "hunyuanvideo": "hunyuan_video", "hunyuan_video": "hunyuan_video",
     "ltxv": "ltxv", "ltx": "ltxv", "ltxvideo": "ltxv", "ltx_video": "ltxv", "lightricks": "ltxv",
+    "wan22": "wan22_5b", "wan22_5b": "wan22_5b", "wan225b": "wan22_5b", "wan22ti2v": "wan22_5b",
+    "wan22_a14b": "wan22_a14b", "wan22a14b": "wan22_a14b", "wan22_a14b_high": "wan22_a14b",
+    "wan22_a14b_low": "wan22_a14b",
+    "hunyuanvideo15": "hunyuan_video15", "hunyuan_video15": "hunyuan_video15",
+    "hunyuan_video_15": "hunyuan_video15",
 }
 
 
@@ -144,7 +165,8 @@ def encode_prompt(prompt: str, token_dim: int = 4096, pooled_dim: int = 768,
 def conditioning_for(prompt: str, backbone: str, max_tokens: int = 32) -> list:
     """ComfyUI conditioning ``[[tokens, {...}]]`` for ``backbone`` (see module docstring)."""
     name = canonical_backbone(backbone)
-    tokens, pooled = encode_prompt(prompt, token_dim=4096, pooled_dim=768, max_tokens=max_tokens)
+    tokens, pooled = encode_prompt(prompt, token_dim=TOKEN_DIMS.get(name, 4096), pooled_dim=768,
+                                   max_tokens=max_tokens)
     extras: dict = {"pooled_output": pooled}
     if name == "ltxv":
         mask = torch.zeros(1, max_tokens, dtype=torch.int64)

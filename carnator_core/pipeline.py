@@ -84,7 +84,8 @@ class TrajectoryRecord:
         self.last_x0 = x0
         tokens = self.run.block_tokens(step)
         if tokens is not None:
-            tiles = pool_token_tiles(tokens, self.thw, self.grid)
+            tiles = pool_token_tiles(tokens, self.thw, self.grid,
+                                     getattr(self.run, "token_patches", None))
             if tiles is not None:
                 self.features[step] = tiles
         if step in self.snapshot_steps:
@@ -151,6 +152,7 @@ class ProbeResult:
     exact_latent: torch.Tensor | None = None
     seconds: float = 0.0
     probe_calls: int = 0
+    probe_expert_calls: dict[str, int] = field(default_factory=dict)  # two-expert models
     prompt: str = ""
     decode: Any = None                # latent → frames in 0..1 (a VAE), for audits on frames
     gate_model: RiskModel | None = None  # the risk model the gate judged with (before audits)
@@ -181,6 +183,7 @@ class Summary:
     messages: list[str] = field(default_factory=list)
     audit: dict | None = None         # this hit was also computed in full (audit.py)
     calibration: str = ""             # the gate's calibration and audits, in one line
+    expert_calls: dict[str, int] | None = None  # model calls per expert (Wan 2.2 A14B)
 
     def text(self) -> str:
         if self.outcome == "exact":
@@ -194,6 +197,8 @@ class Summary:
                     + (" · stored" if self.stored_id else ""))
         if self.sparse_calls:
             head += f" · sparse attention {self.sparse_density:.0%} dense ({self.sparse_backend})"
+        if self.expert_calls:
+            head += " · calls " + ", ".join(f"{k.replace('_', '-')} {v}" for k, v in self.expert_calls.items())
         lines = [head + f" · {self.seconds:.2f} s"]
         if self.saved_seconds:
             lines.append(f"saved ≈ {self.saved_seconds:.2f} s")
@@ -258,14 +263,24 @@ def probe(run, cache: TrajectoryCache | None, settings: ReuseSettings,
                 result.exact_entry, result.exact_latent = entry, from_entry(tensors["final"])
                 result.seconds = time.perf_counter() - t0
                 return result
-    calls = run.model_calls
+    calls, expert_calls = run.model_calls, _expert_calls(run)
     run.attention.settings = settings.sparse
     # connectivity: measured at the probe's last step, and only when it will be used
     run.attention.capture_steps = {p - 1} if settings.sparse.measuring else set()
     result.x_probe = run.sample(0, p, None, record.on_step, capture_steps=set(range(p)))
     result.probe_calls = run.model_calls - calls
+    result.probe_expert_calls = _calls_since(expert_calls, _expert_calls(run))
     result.seconds = time.perf_counter() - t0
     return result
+
+
+def _expert_calls(run) -> dict[str, int]:
+    """Model calls per expert so far, for runs of a two-expert model ({} otherwise)."""
+    return dict(getattr(run, "expert_calls", None) or {})
+
+
+def _calls_since(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
+    return {k: v - before.get(k, 0) for k, v in after.items()}
 
 
 def lookup(pr: ProbeResult, top_k: int | None = None) -> LookupResult:
@@ -426,10 +441,12 @@ def reuse(pr: ProbeResult, plan: Plan) -> tuple[torch.Tensor, Summary]:
         guarded(pr.cache, "recording the hit", pr.cache.record_use, pr.exact_entry.id, n)
         s = Summary("exact", n, 0, 0, pr.seconds + time.perf_counter() - t0,
                     entry_id=pr.exact_entry.id, reason="exact repeat of a stored request")
+        s.expert_calls = {k: 0 for k in _expert_calls(run)} or None
         _finish_summary(pr, s, [])
         return pr.exact_latent, s
 
     notes, start, fill_steps, calls = [], None, 0, run.model_calls
+    expert_calls = _expert_calls(run)
     if plan.accept:
         try:
             start, fill_steps = _start_from_candidate(pr, plan)
@@ -455,6 +472,9 @@ def reuse(pr: ProbeResult, plan: Plan) -> tuple[torch.Tensor, Summary]:
     seconds = pr.seconds + time.perf_counter() - t0
     s = Summary(outcome, n, computed, pr.probe_calls + run.model_calls - calls, seconds,
                 reason=plan.reason)
+    if expert_calls:
+        spent = _calls_since(expert_calls, _expert_calls(run))
+        s.expert_calls = {k: pr.probe_expert_calls.get(k, 0) + v for k, v in spent.items()}
     _report_attention(run.attention, s)
     if outcome == "hit":
         s.reuse_step, s.risk, s.entry_id = plan.reuse_step, plan.risk, plan.entry_id

@@ -65,9 +65,10 @@ _PROJECT_ROWS = 4096
 
 
 def pool_token_tiles(tokens: torch.Tensor, latent_thw: tuple[int, int, int],
-                     grid: tuple[int, int, int]) -> torch.Tensor | None:
-    """(L, D) block tokens → (FEATURE_WIDTH, tiles), or None if the layout is unknown."""
-    tgrid = token_grid(tokens.shape[0], latent_thw)
+                     grid: tuple[int, int, int], patches=None) -> torch.Tensor | None:
+    """(L, D) block tokens → (FEATURE_WIDTH, tiles), or None if the layout is unknown.
+    ``patches``: the model's own patch size(s), when known; else the common ones."""
+    tgrid = token_grid(tokens.shape[0], latent_thw, *([patches] if patches else []))
     if tgrid is None:
         return None
     proj = projection(tokens.shape[1]).to(tokens.device)

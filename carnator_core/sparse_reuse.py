@@ -153,6 +153,9 @@ class AttentionPlan:
 
     settings: SparseSettings
     latent_thw: tuple[int, int, int]
+    # the model's own patch size when the adapter knows it (Wan 2.2 5B and HunyuanVideo 1.5
+    # differ from Wan 2.1): then only its token grid counts as video
+    patches: tuple[tuple[int, int, int], ...] = VIDEO_PATCHES
     capture_steps: set[int] = field(default_factory=set)
     sparse_steps: set[int] = field(default_factory=set)
     connectivity: Connectivity | None = None
@@ -177,10 +180,10 @@ class AttentionPlan:
         tokens (newer HunyuanVideo); such calls are not sliced here and stay dense."""
         if q_len != k_len or q_len == n_context:
             return None  # cross-attention, or text-only attention (HunyuanVideo's refiner)
-        if token_grid(q_len, self.latent_thw, VIDEO_PATCHES) is not None:
+        if token_grid(q_len, self.latent_thw, self.patches) is not None:
             return q_len, 0
         if (n_context and not text_first
-                and token_grid(q_len - n_context, self.latent_thw, VIDEO_PATCHES) is not None):
+                and token_grid(q_len - n_context, self.latent_thw, self.patches) is not None):
             return q_len - n_context, n_context  # joint attention: image then text tokens
         return None
 
@@ -250,7 +253,7 @@ class AttentionPlan:
             mask = padded
         key = (n_img, conn.block_size)
         if key not in self._dense_blocks:  # same for every layer and step of this run
-            tg = token_grid(n_img, self.latent_thw, VIDEO_PATCHES)
+            tg = token_grid(n_img, self.latent_thw, self.patches)
             self._dense_blocks[key] = region_query_blocks(self.region_tiles, self.tile_grid, tg,
                                                           conn.block_size)
         dense_q = self._dense_blocks[key]

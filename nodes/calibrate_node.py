@@ -8,6 +8,8 @@ from ..carnator_core.comfy_adapter import (SAMPLER_NAMES, SCHEDULER_NAMES, calib
                                            default_cache_folder)
 from ..carnator_core.self_calibration import report_text
 from ..carnator_core.tolerance import Tolerance
+from ..carnator_core.experts import WAN22_SWITCH_SIGMA
+from .inputs import expert_inputs
 from .settings import reuse_settings
 from .types import CacheConfig, node_id_of
 
@@ -39,7 +41,7 @@ class CarnatorCalibrate(io.ComfyNode):
                                tooltip="A reuse is beyond tolerance when its PSNR against the request's own full computation is below this (dB)."),
                 io.Boolean.Input("include_audits", default=True, tooltip="Also fit on the live audits this cache holds for the model."),
                 CacheConfig.Input("cache", optional=True, tooltip="Where the calibration is written (the cache the sampler uses)."),
-            ],
+            ] + expert_inputs(),
             outputs=[io.String.Output("report", tooltip="Pairs and reuses measured, certified budgets, the held-out check.")],
             hidden=[io.Hidden.unique_id],
             is_output_node=True,
@@ -48,13 +50,16 @@ class CarnatorCalibrate(io.ComfyNode):
     @classmethod
     def execute(cls, model, latent_image, prompts, pairs, first_seed, steps, cfg, sampler_name,
                 scheduler, psnr_bound, include_audits, clip=None, vae=None,
-                cache=None) -> io.NodeOutput:
+                cache=None, low_noise_model=None, switch_step=0,
+                switch_sigma=WAN22_SWITCH_SIGMA) -> io.NodeOutput:
         folder = (cache or {}).get("folder") or default_cache_folder()
         settings = reuse_settings(probe_fraction=0.1)  # the samplers' default probe
         tolerance = Tolerance(psnr_bound, "frames" if vae is not None else "latent")
         chosen = prompt_pairs.pairs_from_text(prompts, pairs, seed=first_seed)
         _, report = calibrate_model(model, clip, latent_image, chosen, steps, cfg, sampler_name,
                                     scheduler, tolerance, folder, settings, vae=vae, seed=first_seed,
-                                    include_audits=include_audits, node_id=node_id_of(cls))
+                                    include_audits=include_audits, node_id=node_id_of(cls),
+                                    low_noise_model=low_noise_model, switch_step=switch_step,
+                                    switch_sigma=switch_sigma)
         text = report_text(report)
         return io.NodeOutput(text, ui={"text": [text]})

@@ -2,6 +2,7 @@
 from comfy_api.latest import io
 
 from ..carnator_core.comfy_adapter import SAMPLER_NAMES, SCHEDULER_NAMES
+from ..carnator_core.experts import WAN22_SWITCH_SIGMA
 from .types import CacheConfig
 
 
@@ -49,6 +50,12 @@ def gate_inputs() -> list:
                        tooltip="Deepest reuse step k*, as a share of the steps."),
         io.Float.Input("max_region", default=0.5, min=0.0, max=1.0, step=0.05, optional=True,
                        tooltip="Reject when more than this share of the video must be recomputed."),
+    ]
+
+
+def finish_inputs() -> list:
+    """Last on its nodes, so workflows saved before it keep their widget positions."""
+    return [
         io.Boolean.Input("guided_finish", default=True, optional=True,
                          tooltip="A same-scene hit may compute only a few of the steps after k* and follow the matched entry's stored trajectory between them — where this model's calibration certified that finish at your risk budget and it computes less (else every step runs)."),
     ]
@@ -75,4 +82,17 @@ def sparse_inputs() -> list:
                      tooltip="0: reuse the stored connectivity for every remaining step. N>0: every N steps run dense and re-measure this request's own connectivity."),
         io.Boolean.Input("sparse_on_miss", default=False, optional=True,
                          tooltip="On a miss, run the remaining steps sparse with the probe's own connectivity."),
+    ]
+
+
+def expert_inputs() -> list:
+    """Wan 2.2 A14B's second expert and where it takes over (last, so older workflows keep
+    their widget order)."""
+    return [
+        io.Model.Input("low_noise_model", optional=True,
+                       tooltip="Wan 2.2 A14B: the low-noise expert (the high-noise one goes to model). Steps from the switch on run on it, exactly as two chained KSamplerAdvanced nodes would; both experts and the switch are part of the cache key. Leave empty for one model."),
+        io.Int.Input("switch_step", default=0, min=0, max=10000, optional=True,
+                     tooltip="With low_noise_model: the first step the low-noise expert runs (the end_at_step of your first KSamplerAdvanced). 0: switch at the first step whose sigma is below switch_sigma."),
+        io.Float.Input("switch_sigma", default=WAN22_SWITCH_SIGMA, min=0.0, max=1.0, step=0.005, optional=True,
+                       tooltip="With low_noise_model and switch_step 0: switch to the low-noise expert at the first step whose sigma falls below this (Wan 2.2 text-to-video: 0.875; image-to-video: 0.9)."),
     ]

@@ -12,8 +12,10 @@ from ..carnator_core import pipeline
 from ..carnator_core.cache_backend import configured_location
 from ..carnator_core.cache import LookupResult
 from ..carnator_core.comfy_adapter import frames_decoder, notify, start_request
+from ..carnator_core.experts import WAN22_SWITCH_SIGMA
 from ..carnator_core.gate import Plan as GatePlan
-from .inputs import audit_inputs, gate_inputs, probe_inputs, sampling_inputs, sparse_inputs
+from .inputs import (audit_inputs, expert_inputs, finish_inputs, gate_inputs, probe_inputs,
+                     sampling_inputs, sparse_inputs)
 from .settings import audit_rate_or_default, gate_settings, reuse_settings, sparse_settings
 from .types import CacheConfig, Candidates, Plan, Probe, node_id_of
 
@@ -37,7 +39,7 @@ class CarnatorEarlyProbe(io.ComfyNode):
         return io.Schema(
             node_id="CarnatorEarlyProbe", display_name="Carnator Early Probe", category="Carnator",
             description="Runs the request's own first denoising steps and reads its Early Signature from the model's internal states. An exact repeat of a stored request is answered here without computing anything.",
-            inputs=sampling_inputs() + probe_inputs(),
+            inputs=sampling_inputs() + probe_inputs() + expert_inputs(),
             outputs=[Probe.Output("probe", tooltip="The probe: the request, its first steps and its signature.")],
             hidden=[io.Hidden.unique_id],
         )
@@ -45,11 +47,13 @@ class CarnatorEarlyProbe(io.ComfyNode):
     @classmethod
     def execute(cls, model, positive, negative, latent_image, seed, steps, cfg, sampler_name,
                 scheduler, probe_fraction, seed_policy="same_seed", snapshot_count=None, label="",
-                cache=None) -> io.NodeOutput:
+                cache=None, low_noise_model=None, switch_step=0,
+                switch_sigma=WAN22_SWITCH_SIGMA) -> io.NodeOutput:
         settings = reuse_settings(probe_fraction, snapshot_count)
         result = start_request(model, positive, negative, latent_image, seed, steps, cfg,
                                sampler_name, scheduler, settings, cache, seed_policy, label,
-                               node_id=node_id_of(cls))
+                               node_id=node_id_of(cls), low_noise_model=low_noise_model,
+                               switch_step=switch_step, switch_sigma=switch_sigma)
         return io.NodeOutput(result)
 
 
@@ -83,7 +87,8 @@ class CarnatorCompatibilityGate(io.ComfyNode):
         return io.Schema(
             node_id="CarnatorCompatibilityGate", display_name="Carnator Compatibility Gate", category="Carnator",
             description="Decides, within your risk budget, whether a candidate can be reused, from which step, and which regions the request must compute itself.",
-            inputs=[Candidates.Input("candidates", tooltip="From Carnator Cache Lookup.")] + gate_inputs(),
+            inputs=[Candidates.Input("candidates", tooltip="From Carnator Cache Lookup.")] + gate_inputs()
+            + finish_inputs(),
             outputs=[Plan.Output("plan", tooltip="Accept or reject, reuse step k*, region and predicted risk."),
                      io.String.Output("summary", tooltip="The decision in words.")],
             hidden=[io.Hidden.unique_id],

@@ -5,7 +5,9 @@ from comfy_api.latest import io
 
 from ..carnator_core import pipeline
 from ..carnator_core.comfy_adapter import notify, start_request
-from .inputs import audit_inputs, gate_inputs, probe_inputs, sampling_inputs, sparse_inputs
+from ..carnator_core.experts import WAN22_SWITCH_SIGMA
+from .inputs import (audit_inputs, expert_inputs, finish_inputs, gate_inputs, probe_inputs,
+                     sampling_inputs, sparse_inputs)
 from .pipeline_nodes import finish
 from .settings import reuse_settings, sparse_settings
 from .types import node_id_of
@@ -17,7 +19,8 @@ class CarnatorSampler(io.ComfyNode):
         return io.Schema(
             node_id="CarnatorSampler", display_name="Carnator Sampler", category="Carnator",
             description="A KSampler that reuses compatible earlier requests: probe, lookup, gate and reuse in one node.",
-            inputs=sampling_inputs() + probe_inputs() + gate_inputs() + sparse_inputs() + audit_inputs(),
+            inputs=(sampling_inputs() + probe_inputs() + gate_inputs() + sparse_inputs()
+                    + audit_inputs() + expert_inputs() + finish_inputs()),
             outputs=[io.Latent.Output("LATENT", tooltip="The denoised video latent."),
                      io.String.Output("summary", tooltip="Hit or miss, k*, steps computed of N, risk, matched entry.")],
             hidden=[io.Hidden.unique_id],
@@ -28,7 +31,8 @@ class CarnatorSampler(io.ComfyNode):
     def execute(cls, model, positive, negative, latent_image, seed, steps, cfg, sampler_name,
                 scheduler, probe_fraction, risk_budget, seed_policy="same_seed",
                 snapshot_count=None, label="", cache=None, min_depth=None, max_depth=None,
-                max_region=None, audit_rate=None, vae=None, guided_finish=None, **sparse) -> io.NodeOutput:
+                max_region=None, audit_rate=None, vae=None, low_noise_model=None, switch_step=0,
+                switch_sigma=WAN22_SWITCH_SIGMA, guided_finish=None, **sparse) -> io.NodeOutput:
         node_id = node_id_of(cls)
         settings = reuse_settings(probe_fraction, snapshot_count, audit_rate, risk_budget=risk_budget,
                                   min_depth=min_depth, max_depth=max_depth, max_region=max_region,
@@ -36,7 +40,8 @@ class CarnatorSampler(io.ComfyNode):
         settings.sparse = sparse_settings(**sparse)
         pr = start_request(model, positive, negative, latent_image, seed, steps, cfg,
                            sampler_name, scheduler, settings, cache, seed_policy, label, node_id,
-                           vae=vae)
+                           vae=vae, low_noise_model=low_noise_model, switch_step=switch_step,
+                           switch_sigma=switch_sigma)
         notify("phase", {"phase": "lookup"}, node_id)  # lookup and gate run back to back
         plan, _ = pipeline.lookup_and_gate(pr)
         return finish(pr, plan, node_id)

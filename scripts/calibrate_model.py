@@ -28,16 +28,22 @@ sys.path.insert(0, str(ROOT))
 
 # The demo models: calibrated at the example workflows' steps and cfg, on a small latent (the
 # calibration file is keyed by the model alone; the depth rule works in shares of N).
-DEMO = {"wan21": "16x3x16x16", "hunyuan_video": "16x3x16x16", "ltxv": "128x3x8x8"}
+DEMO = {"wan21": "16x3x16x16", "hunyuan_video": "16x3x16x16", "ltxv": "128x3x8x8",
+        "wan22_5b": "48x3x16x16", "hunyuan_video15": "32x3x8x8", "wan22_a14b": "16x3x16x16"}
+# two-expert demo models: (high-noise file stem, low-noise file stem), switched half way
+DEMO_EXPERTS = {"wan22_a14b": ("wan22_a14b_high", "wan22_a14b_low")}
 DEMO_STEPS, DEMO_CFG = 12, 4.0
 # Pairs per model: enough that the "other" evidence class certifies α = 20% (18 accepted
 # held-out reuses). HunyuanVideo's random weights put more pairs beyond the region limit.
-DEMO_PAIRS = {"wan21": 30, "hunyuan_video": 60, "ltxv": 30}
+DEMO_PAIRS = {"wan21": 30, "hunyuan_video": 60, "ltxv": 30, "wan22_5b": 30,
+              "hunyuan_video15": 30, "wan22_a14b": 30}
 
 
 def calibrate_one(model_path: str, latent: str, steps: int, cfg: float, pairs: int,
                   prompts: str, cache: str, clip=None, vae=None, psnr_bound: float = 30.0,
-                  sampler: str = "euler", scheduler: str = "simple", seed: int = 0) -> dict:
+                  sampler: str = "euler", scheduler: str = "simple", seed: int = 0,
+                  low_noise_model: str | None = None, switch_step: int = 0,
+                  switch_sigma: float = 0.875) -> dict:
     import comfy.sd
     import torch
     from carnator_core import prompt_pairs
@@ -46,6 +52,10 @@ def calibrate_one(model_path: str, latent: str, steps: int, cfg: float, pairs: i
     from carnator_core.self_calibration import report_text
     from carnator_core.tolerance import Tolerance
     model = comfy.sd.load_diffusion_model(model_path)
+    pair = {}
+    if low_noise_model:  # Wan 2.2 A14B: the pair is calibrated as one model
+        pair = dict(low_noise_model=comfy.sd.load_diffusion_model(low_noise_model),
+                    switch_step=switch_step, switch_sigma=switch_sigma)
     shape = (1,) + tuple(int(x) for x in latent.lower().split("x"))
     chosen = prompt_pairs.pairs_from_text(prompts, pairs, seed=seed)
     t0 = time.time()
@@ -55,7 +65,7 @@ def calibrate_one(model_path: str, latent: str, steps: int, cfg: float, pairs: i
     progress()
     _, report = calibrate_model(model, clip, {"samples": torch.zeros(shape)}, chosen, steps, cfg,
                                 sampler, scheduler, Tolerance(psnr_bound, "frames" if vae else "latent"),
-                                cache, ReuseSettings(probe_fraction=0.1), vae=vae, seed=seed)
+                                cache, ReuseSettings(probe_fraction=0.1), vae=vae, seed=seed, **pair)
     print(report_text(report))
     print(f"  {time.time() - t0:.0f} s")
     return report
@@ -77,24 +87,35 @@ def main() -> int:
     ap.add_argument("--psnr-bound", type=float, default=30.0)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--cache", default=None, help="the Carnator cache folder (default: ComfyUI's)")
+    ap.add_argument("--low-noise-model", default=None,
+                    help="Wan 2.2 A14B: the low-noise expert (--model is the high-noise one)")
+    ap.add_argument("--switch-step", type=int, default=0,
+                    help="with --low-noise-model: the first low-noise step (0: by --switch-sigma)")
+    ap.add_argument("--switch-sigma", type=float, default=0.875)
     ap.add_argument("--demo-models", action="store_true",
-                    help="calibrate the three bundled tiny models into models/calibration/")
+                    help="calibrate the bundled tiny models into models/calibration/")
+    ap.add_argument("--only", nargs="+", choices=sorted(DEMO), default=None,
+                    help="with --demo-models: only these (the others' entries are kept)")
     a = ap.parse_args()
     from comfy_host import import_comfy
     import_comfy()
     prompts = Path(a.prompts).read_text() if a.prompts else ""
     if a.demo_models:
         out = ROOT / "models" / "calibration"
-        summary = {}
-        for backbone, latent in DEMO.items():
-            path = str(ROOT / "models" / "tiny" / f"carnator_tiny_{backbone}.safetensors")
+        listing = out / "demo_models.json"
+        summary = json.loads(listing.read_text()) if a.only and listing.is_file() else {}
+        tiny = lambda stem: str(ROOT / "models" / "tiny" / f"carnator_tiny_{stem}.safetensors")  # noqa: E731
+        for backbone in a.only or list(DEMO):
+            high, low = DEMO_EXPERTS.get(backbone, (backbone, None))
             # the cache folder's calibration/ subfolder is where files land: use models/ itself
-            rep = calibrate_one(path, latent, DEMO_STEPS, DEMO_CFG, DEMO_PAIRS[backbone], prompts, str(out.parent))
+            rep = calibrate_one(tiny(high), DEMO[backbone], DEMO_STEPS, DEMO_CFG, DEMO_PAIRS[backbone],
+                                prompts, str(out.parent), low_noise_model=tiny(low) if low else None,
+                                switch_step=DEMO_STEPS // 2 if low else 0)
             summary[backbone] = {"fingerprint": rep["model_fingerprint"], "pairs": rep["pairs"],
                                  "measured_reuses": rep["measured_reuses"],
                                  "exceeded_tolerance": rep["exceeded_tolerance"],
                                  "thresholds": rep["thresholds"], "heldout": rep["heldout"]}
-        (out / "demo_models.json").write_text(json.dumps(summary, indent=1) + "\n")
+        listing.write_text(json.dumps(summary, indent=1) + "\n")
         return 0
     if not a.model:
         ap.error("--model (or --demo-models) is required")
@@ -111,7 +132,7 @@ def main() -> int:
         from carnator_core.comfy_adapter import default_cache_folder
         cache = default_cache_folder()
     calibrate_one(a.model, a.latent, a.steps, a.cfg, a.pairs, prompts, cache, clip, vae, a.psnr_bound,
-                  a.sampler, a.scheduler, a.seed)
+                  a.sampler, a.scheduler, a.seed, a.low_noise_model, a.switch_step, a.switch_sigma)
     return 0
 
 

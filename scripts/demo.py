@@ -37,8 +37,10 @@ SEQUENCE = [  # (what the request is, prompt, label suffix)
     ("unrelated", "a blue cube jumps up over a wooden fence at night", ""),
 ]
 # latent sizes where model compute dominates per-request overhead on a CPU
+# (1280 video tokens each but LTX-Video's 1,440: Wan 2.2 5B and HunyuanVideo 1.5 have 16x VAEs)
 DEMO_LATENTS = {"wan21": [256, 256, 17, 1], "hunyuan_video": [256, 256, 17, 1],
-                "ltxv": [384, 384, 33, 1]}
+                "ltxv": [384, 384, 33, 1], "wan22_5b": [512, 512, 17, 1],
+                "wan22_a14b": [256, 256, 17, 1], "hunyuan_video15": [256, 256, 17, 1]}
 
 
 def workflow(backbone: str, prompt: str, label: str, steps: int, seed: int) -> dict:
@@ -47,6 +49,8 @@ def workflow(backbone: str, prompt: str, label: str, steps: int, seed: int) -> d
     wf["2"]["inputs"]["text"] = prompt
     wf["4"]["inputs"].update(dict(zip(["width", "height", "length", "batch_size"], DEMO_LATENTS[backbone])))
     wf["5"]["inputs"].update({"seed": seed, "steps": steps, "label": prompt + label})
+    if "low_noise_model" in wf["5"]["inputs"]:  # Wan 2.2 A14B: the experts switch half way
+        wf["5"]["inputs"]["switch_step"] = steps // 2
     return wf
 
 
@@ -54,9 +58,20 @@ def plain_ksampler(backbone: str, prompt: str, steps: int, seed: int) -> dict:
     """The same request through ComfyUI's own KSampler: the reference for miss overhead."""
     wf = workflow(backbone, prompt, "", steps, seed)
     i = wf["5"]["inputs"]
-    wf["5"] = {"class_type": "KSampler", "inputs": {
-        k: i[k] for k in ("model", "positive", "negative", "latent_image", "seed", "steps", "cfg",
-                          "sampler_name", "scheduler")} | {"denoise": 1.0}}
+    common = {k: i[k] for k in ("model", "positive", "negative", "latent_image", "seed", "steps",
+                                "cfg", "sampler_name", "scheduler")}
+    if "low_noise_model" not in i:
+        wf["5"] = {"class_type": "KSampler", "inputs": common | {"denoise": 1.0}}
+        return wf
+    # Wan 2.2 A14B as users run it: two KSamplerAdvanced nodes switching at the same step
+    common["noise_seed"] = common.pop("seed")
+    wf["5"] = {"class_type": "KSamplerAdvanced", "inputs": common | {
+        "add_noise": "enable", "start_at_step": 0, "end_at_step": i["switch_step"],
+        "return_with_leftover_noise": "enable"}}
+    wf["11"] = {"class_type": "KSamplerAdvanced", "inputs": common | {
+        "model": i["low_noise_model"], "latent_image": ["5", 0], "add_noise": "disable",
+        "start_at_step": i["switch_step"], "end_at_step": 10000, "return_with_leftover_noise": "disable"}}
+    wf["9"]["inputs"]["samples"] = ["11", 0]
     return wf
 
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Write Carnator's tiny random-weight video diffusion checkpoints to models/tiny/.
 
-Three real architectures, built from ComfyUI's own model classes with tiny sizes, with
+Real architectures, built from ComfyUI's own model classes with tiny sizes, with
 deterministic random weights (fixed seed, per-tensor generators; same bytes on every run),
 stored as bf16 safetensors. ComfyUI's own loader ``comfy.sd.load_diffusion_model(path)``
 (and so the UNETLoader node, from models/diffusion_models/) detects each one exactly as it
@@ -13,7 +13,20 @@ backbone         file (models/tiny/)                      model_config  model_ba
 wan21            carnator_tiny_wan21.safetensors          WAN21_T2V     WAN21         1,105,344  2.22 MB   1x16x3x16x16
 hunyuan_video    carnator_tiny_hunyuan_video.safetensors  HunyuanVideo  HunyuanVideo  3,523,904  7.06 MB   1x16x3x16x16
 ltxv             carnator_tiny_ltxv.safetensors           LTXV          LTXV          1,252,864  2.51 MB   1x128x3x8x8
+wan22_5b         carnator_tiny_wan22_5b.safetensors       WAN22_T2V     WAN22         1,138,240  2.28 MB   1x48x3x16x16
+wan22_a14b_high  carnator_tiny_wan22_a14b_high...         WAN21_T2V     WAN21         1,105,344  2.22 MB   1x16x3x16x16
+wan22_a14b_low   carnator_tiny_wan22_a14b_low...          WAN21_T2V     WAN21         1,105,344  2.22 MB   1x16x3x16x16
+hunyuan_video15  carnator_tiny_hunyuan_video15...         HunyuanVideo15 HunyuanVideo15 3,614,240 7.24 MB  1x32x3x8x8
 ===============  =======================================  ============  ============  =========  ========  ================
+
+Wan 2.2 A14B is two Wan-2.1-layout experts (high noise, low noise): ComfyUI detects each real
+A14B file as WAN21_T2V too; Carnator pairs them (comfy_adapter.ExpertPair). HunyuanVideo
+1.5's file is 7.2 MB on disk but 3.4 MB deflated (git stores it so): its ``vision_in``
+image-token path, 1.5 M weights the detector requires and text-to-video never feeds, is
+stored as zeros. Its text reaches the video only through joint attention (no ``vector_in``,
+no ``guidance_in``, as in the release): with one random block the prompt barely showed
+(relative difference 0.03), so its text values are scaled by TEXT_VALUE_SCALE (0.16, as the
+Wan files' ~0.2).
 
 8 euler steps, simple scheduler, cfg 2.0 (cond + uncond batched: 8 model calls of batch 2),
 on the 2-core CPU box with torch 2.14.1, fp32 compute (ComfyUI never computes in bf16 on
@@ -79,6 +92,7 @@ from safetensors.torch import load_file, save
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SEED = 20251129
 STORE_DTYPE = torch.bfloat16
+TEXT_VALUE_SCALE = 8.0  # HunyuanVideo 1.5's text values (see its spec)
 
 # name -> how to build it, what ComfyUI must detect, what to test it on
 SPECS = {
@@ -106,6 +120,69 @@ SPECS = {
         "model_config": "HunyuanVideo",
         "model_base": "HunyuanVideo",
         "latent": (1, 16, 3, 16, 16),
+    },
+    # Wan 2.2 TI2V 5B: the Wan 2.1 layout with 48 latent channels in and out (its VAE
+    # compresses 16x in space, so a 48-channel latent of a given video is 4x smaller)
+    "wan22_5b": {
+        "file": "carnator_tiny_wan22_5b.safetensors",
+        "module": "comfy.ldm.wan.model",
+        "cls": "WanModel",
+        "kwargs": dict(model_type="t2v", patch_size=(1, 2, 2), in_dim=48, dim=128, ffn_dim=256,
+                       freq_dim=256, text_dim=4096, out_dim=48, num_heads=1, num_layers=2,
+                       window_size=(-1, -1), qk_norm=True, cross_attn_norm=True, eps=1e-6),
+        "model_config": "WAN22_T2V",
+        "model_base": "WAN22",
+        "latent": (1, 48, 3, 16, 16),
+    },
+    # Wan 2.2 A14B: two experts of the Wan 2.1 layout (ComfyUI detects each as WAN21_T2V, as
+    # it does the real files); same shapes, their own weights (the seed names the expert)
+    "wan22_a14b_high": {
+        "file": "carnator_tiny_wan22_a14b_high.safetensors",
+        "module": "comfy.ldm.wan.model",
+        "cls": "WanModel",
+        "kwargs": dict(model_type="t2v", patch_size=(1, 2, 2), in_dim=16, dim=128, ffn_dim=256,
+                       freq_dim=256, text_dim=4096, out_dim=16, num_heads=1, num_layers=2,
+                       window_size=(-1, -1), qk_norm=True, cross_attn_norm=True, eps=1e-6),
+        "model_config": "WAN21_T2V",
+        "model_base": "WAN21",
+        "latent": (1, 16, 3, 16, 16),
+    },
+    "wan22_a14b_low": {
+        "file": "carnator_tiny_wan22_a14b_low.safetensors",
+        "module": "comfy.ldm.wan.model",
+        "cls": "WanModel",
+        "kwargs": dict(model_type="t2v", patch_size=(1, 2, 2), in_dim=16, dim=128, ffn_dim=256,
+                       freq_dim=256, text_dim=4096, out_dim=16, num_heads=1, num_layers=2,
+                       window_size=(-1, -1), qk_norm=True, cross_attn_norm=True, eps=1e-6),
+        "model_config": "WAN21_T2V",
+        "model_base": "WAN21",
+        "latent": (1, 16, 3, 16, 16),
+    },
+    # HunyuanVideo 1.5: patch (1,1,1) over a 32-channel latent (16x VAE), 65 input channels
+    # (latent + image-condition latent + mask), Qwen2.5-VL text width 3584, only double
+    # blocks (the release has no single blocks; one here), cond-type embedding, vision_in for image
+    # tokens (what ComfyUI's detector keys HunyuanVideo15 on), no guidance embedding
+    "hunyuan_video15": {
+        "file": "carnator_tiny_hunyuan_video15.safetensors",
+        "module": "comfy.ldm.hunyuan_video.model",
+        "cls": "HunyuanVideo",
+        "kwargs": dict(image_model="hunyuan_video", in_channels=65, out_channels=32,
+                       vec_in_dim=None, context_in_dim=3584, hidden_size=128, mlp_ratio=4.0,
+                       num_heads=1, depth=1, depth_single_blocks=0, axes_dim=[16, 56, 56],
+                       theta=256, patch_size=[1, 1, 1], qkv_bias=True, guidance_embed=False,
+                       byt5=False, meanflow=False, use_cond_type_embedding=True,
+                       vision_in_dim=1152),
+        "model_config": "HunyuanVideo15",
+        "model_base": "HunyuanVideo15",
+        "latent": (1, 32, 3, 8, 8),
+        # the image-token path (1.5 M weights, never fed in text-to-video) is stored as
+        # zeros so the committed blob deflates to almost nothing; its tokens still join
+        # the joint attention when a clip_vision_output is given
+        "zero": ("vision_in.proj.1.weight", "vision_in.proj.3.weight"),
+        # one random block lets the prompt barely show (text enters only through joint
+        # attention, q and k RMS-normed): larger text values make prompts tell apart, as
+        # the release's 54 trained blocks do
+        "scale": {"double_blocks.0.txt_attn.qkv.weight": TEXT_VALUE_SCALE},
     },
     "ltxv": {
         "file": "carnator_tiny_ltxv.safetensors",
@@ -174,7 +251,9 @@ def build_state_dict(name: str) -> dict[str, torch.Tensor]:
                     operations=comfy.ops.disable_weight_init)
     sd = {}
     for k, t in sorted(model.state_dict().items()):
-        sd[k] = init_tensor(name, k, t).to(STORE_DTYPE).contiguous()
+        value = torch.zeros(t.shape) if k in spec.get("zero", ()) else init_tensor(name, k, t)
+        value = value * spec.get("scale", {}).get(k, 1.0)
+        sd[k] = value.to(STORE_DTYPE).contiguous()
     return sd
 
 

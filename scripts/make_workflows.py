@@ -18,9 +18,18 @@ BACKBONES = {
     "wan21": ("carnator_tiny_wan21.safetensors", "EmptyHunyuanLatentVideo", [128, 128, 9, 1]),
     "hunyuan_video": ("carnator_tiny_hunyuan_video.safetensors", "EmptyHunyuanLatentVideo", [128, 128, 9, 1]),
     "ltxv": ("carnator_tiny_ltxv.safetensors", "EmptyLTXVLatentVideo", [256, 256, 17, 1]),
+    # Wan 2.2 5B's VAE compresses 16x in space and 4x in time, as HunyuanVideo 1.5's does: that
+    # node's empty latent has its shape, and ComfyUI widens the zero latent's 32 channels to the
+    # model's 48 as KSampler does (Wan22ImageToVideoLatent would need the real VAE)
+    "wan22_5b": ("carnator_tiny_wan22_5b.safetensors", "EmptyHunyuanVideo15Latent", [256, 256, 9, 1]),
+    "hunyuan_video15": ("carnator_tiny_hunyuan_video15.safetensors", "EmptyHunyuanVideo15Latent", [128, 128, 9, 1]),
+    # two experts: the high-noise file here, the low-noise one in LOW_NOISE_EXPERTS
+    "wan22_a14b": ("carnator_tiny_wan22_a14b_high.safetensors", "EmptyHunyuanLatentVideo", [128, 128, 9, 1]),
 }
+LOW_NOISE_EXPERTS = {"wan22_a14b": "carnator_tiny_wan22_a14b_low.safetensors"}
 PROMPT = "a red ball rolls left across a green field"
 STEPS, CFG, SEED = 12, 4.0, 42
+SWITCH_STEP = STEPS // 2  # where Wan 2.2 A14B's low-noise expert takes over (ComfyUI's template: 10 of 20)
 # The bundled tiny models have random weights: their early states move more between related
 # prompts than a trained model's, so the examples use a wider budget than the 5% default.
 RISK_BUDGET = 0.25
@@ -31,6 +40,7 @@ OUTPUTS = {
     "CarnatorDemoTextEncode": [("CONDITIONING", "CONDITIONING")],
     "EmptyHunyuanLatentVideo": [("LATENT", "LATENT")],
     "EmptyLTXVLatentVideo": [("LATENT", "LATENT")],
+    "EmptyHunyuanVideo15Latent": [("LATENT", "LATENT")],
     "CarnatorEarlyProbe": [("probe", "CARNATOR_PROBE")],
     "CarnatorCacheLookup": [("candidates", "CARNATOR_CANDIDATES")],
     "CarnatorCompatibilityGate": [("plan", "CARNATOR_PLAN"), ("summary", "STRING")],
@@ -43,9 +53,11 @@ SAMPLING_WIDGETS = ["seed", "steps", "cfg", "sampler_name", "scheduler"]
 PROBE_WIDGETS = ["probe_fraction"]
 PROBE_OPTIONAL = ["seed_policy", "snapshot_count", "label"]
 GATE_WIDGETS = ["risk_budget"]
-GATE_OPTIONAL = ["min_depth", "max_depth", "max_region", "guided_finish"]
+GATE_OPTIONAL = ["min_depth", "max_depth", "max_region"]
+FINISH_OPTIONAL = ["guided_finish"]  # last on its nodes: older saved workflows keep their layout
 SPARSE_OPTIONAL = ["sparse_attention", "keep_mass", "min_density", "refresh_every", "sparse_on_miss"]
 AUDIT_OPTIONAL = ["audit_rate"]
+EXPERT_OPTIONAL = ["switch_step", "switch_sigma"]
 CALIBRATE_WIDGETS = ["prompts", "pairs", "first_seed", "steps", "cfg", "sampler_name", "scheduler",
                      "psnr_bound", "include_audits"]
 WIDGETS = {
@@ -53,13 +65,15 @@ WIDGETS = {
     "CarnatorDemoTextEncode": ["text", "backbone"],
     "EmptyHunyuanLatentVideo": ["width", "height", "length", "batch_size"],
     "EmptyLTXVLatentVideo": ["width", "height", "length", "batch_size"],
-    "CarnatorEarlyProbe": SAMPLING_WIDGETS + PROBE_WIDGETS + PROBE_OPTIONAL,
+    "EmptyHunyuanVideo15Latent": ["width", "height", "length", "batch_size"],
+    "CarnatorEarlyProbe": SAMPLING_WIDGETS + PROBE_WIDGETS + PROBE_OPTIONAL + EXPERT_OPTIONAL,
     "CarnatorCacheLookup": ["top_k"],
-    "CarnatorCompatibilityGate": GATE_WIDGETS + GATE_OPTIONAL,
+    "CarnatorCompatibilityGate": GATE_WIDGETS + GATE_OPTIONAL + FINISH_OPTIONAL,
     "CarnatorReuseSampler": SPARSE_OPTIONAL + AUDIT_OPTIONAL,
     "CarnatorSampler": (SAMPLING_WIDGETS + PROBE_WIDGETS + GATE_WIDGETS + PROBE_OPTIONAL
-                        + GATE_OPTIONAL + SPARSE_OPTIONAL + AUDIT_OPTIONAL),
-    "CarnatorCalibrate": CALIBRATE_WIDGETS,
+                        + GATE_OPTIONAL + SPARSE_OPTIONAL + AUDIT_OPTIONAL + EXPERT_OPTIONAL
+                        + FINISH_OPTIONAL),
+    "CarnatorCalibrate": CALIBRATE_WIDGETS + EXPERT_OPTIONAL,
     "SaveLatent": ["filename_prefix"],
 }
 
@@ -76,7 +90,11 @@ def graph(backbone: str, single_node: bool) -> dict[str, dict]:
     sampling = {"model": ["1", 0], "positive": ["2", 0], "negative": ["3", 0],
                 "latent_image": ["4", 0], "seed": SEED, "steps": STEPS, "cfg": CFG,
                 "sampler_name": "euler", "scheduler": "simple", "probe_fraction": 0.1,
-                "seed_policy": "same_seed", "snapshot_count": 7, "label": PROMPT}
+                "seed_policy": "same_seed", "snapshot_count": 7, "label": PROMPT,
+                "switch_step": 0, "switch_sigma": 0.875}
+    if backbone in LOW_NOISE_EXPERTS:
+        g["10"] = ("UNETLoader", {"unet_name": LOW_NOISE_EXPERTS[backbone], "weight_dtype": "default"})
+        sampling.update({"low_noise_model": ["10", 0], "switch_step": SWITCH_STEP})
     gate = {"risk_budget": RISK_BUDGET, "min_depth": 0.2, "max_depth": 0.8, "max_region": 0.5,
             "guided_finish": True}
     sparse = {"sparse_attention": True, "keep_mass": 0.9, "min_density": 0.1, "refresh_every": 0,
@@ -104,7 +122,8 @@ def calibration_graph(backbone: str) -> dict[str, dict]:
         "5": ("CarnatorCalibrate", {"model": ["1", 0], "latent_image": ["4", 0], "prompts": "",
                                     "pairs": 60, "first_seed": 0, "steps": STEPS, "cfg": CFG,
                                     "sampler_name": "euler", "scheduler": "simple",
-                                    "psnr_bound": 30.0, "include_audits": True}),
+                                    "psnr_bound": 30.0, "include_audits": True,
+                                    "switch_step": 0, "switch_sigma": 0.875}),
     }
     return {k: {"class_type": t, "inputs": i, "_meta": {"title": t}} for k, (t, i) in g.items()}
 

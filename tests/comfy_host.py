@@ -64,3 +64,20 @@ def import_comfy(path: str | os.PathLike | None = None, force_cpu: bool | None =
             raise RuntimeError("comfy.model_management was imported before import_comfy() "
                                "without --cpu; call import_comfy() first")
     import comfy.model_management  # noqa: F401  (fixes the device choice now)
+
+
+def host_nodes():
+    """ComfyUI's own ``nodes.py`` (KSampler, KSamplerAdvanced, ...), for reference runs.
+
+    Loaded by file under the name ComfyUI gives it: this pack's own ``nodes`` package shadows
+    it whenever the repository root comes before the host on sys.path.
+    """
+    import importlib.util
+    module = sys.modules.get("nodes")
+    if module is not None and hasattr(module, "KSamplerAdvanced"):
+        return module
+    spec = importlib.util.spec_from_file_location("nodes", host_path() / "nodes.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["nodes"] = module
+    spec.loader.exec_module(module)
+    return module

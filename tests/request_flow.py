@@ -4,7 +4,8 @@ Shared by the tests (via conftest) and the benchmark scripts; needs no pytest.
 """
 import torch
 
-BACKBONES = ("wan21", "hunyuan_video", "ltxv")
+BACKBONES = ("wan21", "hunyuan_video", "ltxv", "wan22_5b", "hunyuan_video15")
+# Wan 2.2 A14B is a pair of models: tests/test_two_experts.py
 
 
 class Requests:
@@ -24,17 +25,19 @@ class Requests:
         return (conditioning_for(prompt, backbone, max_tokens=self.text_tokens),
                 conditioning_for("", backbone, max_tokens=self.text_tokens), latent)
 
-    def run_obj(self, model, backbone, prompt, seed=7, shape=None, scheduler="simple", steps=None):
+    def run_obj(self, model, backbone, prompt, seed=7, shape=None, scheduler="simple", steps=None,
+                **pair):
+        """``pair``: low_noise_model, switch_step, switch_sigma (Wan 2.2 A14B)."""
         from carnator_core.comfy_adapter import ComfyRun
         positive, negative, latent = self.inputs(backbone, prompt, shape)
         return ComfyRun(model, positive, negative, latent, seed, steps or self.steps, 4.0,
-                        "euler", scheduler)
+                        "euler", scheduler, **pair)
 
     def __call__(self, model, backbone, prompt, cache_folder=None, seed=7, shape=None,
-                 scheduler="simple", steps=None):
+                 scheduler="simple", steps=None, **pair):
         from carnator_core.comfy_adapter import run_request
         positive, negative, latent = self.inputs(backbone, prompt, shape)
         return run_request(model, positive, negative, latent, seed, steps or self.steps, 4.0,
                            "euler", scheduler, self.settings,
                            {"folder": cache_folder or self.cache_folder, "capacity_bytes": 1 << 30},
-                           label=prompt)
+                           label=prompt, **pair)

@@ -1,7 +1,8 @@
 """The front end in a real browser: headless Chromium (Debian's package) against the real
 ComfyUI server with the pack, driven the way a person would use it.
 
-It loads workflows/carnator_wan21_4node.json through the page, queues it with a prompt and
+It loads every example workflow through the page (each must become its API twin), then
+workflows/carnator_wan21_4node.json, queues it with a prompt and
 then with a related one, sees MISS then HIT on the Reuse Sampler node (and the phases on
 the way), opens the "Carnator cache" sidebar tab, sees both entries with their pictures,
 deletes one with its button, and finds it gone from the page and from the database.
@@ -277,3 +278,37 @@ def test_miss_then_hit_on_the_node_and_the_cache_tab(tmp_path):
     for src, name in (("03-node-status.png", "node-status.png"), ("04-cache-tab.png", "cache-tab.png")):
         if os.environ.get("CARNATOR_UPDATE_SCREENSHOTS") == "1" or not (DOCS / name).exists():
             keep_screenshot(OUTPUT / src, DOCS / name)
+
+
+def test_every_example_workflow_loads_in_the_page_as_its_api_twin(tmp_path):
+    """Each UI workflow in workflows/ (Wan 2.2 5B and A14B, HunyuanVideo 1.5 included) loads
+    in the real front end with every node known, and the page turns it into exactly the
+    API twin scripts/make_workflows.py wrote."""
+    if _reason:
+        pytest.fail(f"CI must run the browser test: {_reason}")
+    from playwright.sync_api import sync_playwright
+
+    seed_user_settings(tmp_path / "user")
+    ui_files = sorted((REPO / "workflows").glob("*.json"))
+    assert {f"carnator_{b}_{kind}.json" for b in ("wan22_5b", "wan22_a14b", "hunyuan_video15")
+            for kind in ("4node", "sampler")} <= {f.name for f in ui_files}
+    with ComfyServer(tmp_path) as server, sync_playwright() as pw:
+        browser = launch(pw)
+        try:
+            page = browser.new_page(viewport={"width": 1500, "height": 950})
+            page.add_init_script(INIT_SCRIPT)
+            page.goto(server.url)
+            page.wait_for_function("() => window.app?.graph && app.extensionManager", timeout=90_000)
+            for ui_file in ui_files:
+                twin = json.loads((REPO / "workflows" / "api" / f"{ui_file.stem}.api.json").read_text())
+                sent = page.evaluate(
+                    "async (wf) => { await app.loadGraphData(wf);"
+                    " const unknown = app.graph.nodes.filter((n) => !LiteGraph.registered_node_types[n.type]);"
+                    " return [unknown.map((n) => n.type), (await app.graphToPrompt()).output]; }",
+                    json.loads(ui_file.read_text()))
+                unknown, output = sent
+                assert not unknown, (ui_file.name, unknown)
+                assert {k: {"class_type": v["class_type"], "inputs": v["inputs"]} for k, v in output.items()} == \
+                    {k: {"class_type": v["class_type"], "inputs": v["inputs"]} for k, v in twin.items()}, ui_file.name
+        finally:
+            browser.close()

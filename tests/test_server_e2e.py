@@ -87,7 +87,9 @@ def test_ui_workflows_load_as_their_api_twins(server):
 
 
 @pytest.mark.parametrize("name", ["carnator_hunyuan_video_4node", "carnator_ltxv_4node",
-                                  "carnator_wan21_sampler"])
+                                  "carnator_wan21_sampler", "carnator_wan22_5b_4node",
+                                  "carnator_hunyuan_video15_sampler", "carnator_wan22_a14b_4node",
+                                  "carnator_wan22_a14b_sampler"])
 def test_related_request_hits_through_the_server(server, name):
     seed = abs(hash(name)) % 10_000  # a fresh seed per workflow: no entry from other tests
     first = summary_of(server, name, BASE, seed)
@@ -96,6 +98,9 @@ def test_related_request_hits_through_the_server(server, name):
     assert second["outcome"] == "hit", second["text"]
     assert second["steps_computed"] < second["steps_total"]
     assert second["entry_id"] == first["stored_id"]
+    if "a14b" in name:  # the workflow's two UNETLoaders, switched at step 6 of 12
+        assert first["expert_calls"] == {"high_noise": 6, "low_noise": 6}, first["expert_calls"]
+        assert sum(second["expert_calls"].values()) == second["steps_computed"]
 
 
 def test_hit_survives_a_server_restart(tmp_path):

@@ -30,6 +30,11 @@ MODELS = {
     "wan21": ("carnator_tiny_wan21.safetensors", "WAN21_T2V", "WAN21"),
     "hunyuan_video": ("carnator_tiny_hunyuan_video.safetensors", "HunyuanVideo", "HunyuanVideo"),
     "ltxv": ("carnator_tiny_ltxv.safetensors", "LTXV", "LTXV"),
+    "wan22_5b": ("carnator_tiny_wan22_5b.safetensors", "WAN22_T2V", "WAN22"),
+    # Wan 2.2 A14B's experts are the Wan 2.1 layout: ComfyUI detects the real files so too
+    "wan22_a14b_high": ("carnator_tiny_wan22_a14b_high.safetensors", "WAN21_T2V", "WAN21"),
+    "wan22_a14b_low": ("carnator_tiny_wan22_a14b_low.safetensors", "WAN21_T2V", "WAN21"),
+    "hunyuan_video15": ("carnator_tiny_hunyuan_video15.safetensors", "HunyuanVideo15", "HunyuanVideo15"),
 }
 STEPS, CFG = 4, 2.0
 
@@ -57,7 +62,7 @@ def loaded(comfy):
 
 
 def _sample(comfy, patcher, backbone, prompt, negative="", seed=0):
-    shape = DEFAULT_LATENT_SHAPES[backbone]
+    shape = DEFAULT_LATENT_SHAPES[canonical_backbone(backbone)]
     latent = torch.zeros(shape)
     noise = torch.randn(shape, generator=torch.Generator().manual_seed(seed))
     return comfy.sample.sample(patcher, noise, STEPS, CFG, "euler", "simple",
@@ -74,7 +79,7 @@ def test_file_is_small_and_documents_its_latent(backbone):
     with safe_open(str(path), "pt") as f:
         meta = json.loads(f.metadata()["carnator"])
     assert meta["carnator_tiny_model"] == backbone
-    assert tuple(meta["test_latent"]) == DEFAULT_LATENT_SHAPES[backbone]
+    assert tuple(meta["test_latent"]) == DEFAULT_LATENT_SHAPES[canonical_backbone(backbone)]
 
 
 @pytest.mark.parametrize("backbone", sorted(MODELS))
@@ -84,7 +89,7 @@ def test_comfyui_detects_architecture(loaded, backbone):
     assert type(patcher.model.model_config).__name__ == config_cls
     assert type(patcher.model).__name__ == base_cls
     channels = patcher.model.latent_format.latent_channels
-    assert channels == DEFAULT_LATENT_SHAPES[backbone][1]
+    assert channels == DEFAULT_LATENT_SHAPES[canonical_backbone(backbone)][1]
 
 
 @pytest.mark.parametrize("backbone", sorted(MODELS))
@@ -93,7 +98,7 @@ def test_sampling_shape_prompt_dependence_and_determinism(comfy, loaded, backbon
     a = _sample(comfy, patcher, backbone, "a red fox running through snow")
     b = _sample(comfy, patcher, backbone, "a blue whale in the deep ocean")
     a2 = _sample(comfy, patcher, backbone, "a red fox running through snow")
-    shape = DEFAULT_LATENT_SHAPES[backbone]
+    shape = DEFAULT_LATENT_SHAPES[canonical_backbone(backbone)]
     for out in (a, b):
         assert tuple(out.shape) == shape
         assert torch.isfinite(out).all()
@@ -145,5 +150,10 @@ def test_conditioning_dicts():
     assert lt["frame_rate"] == 25.0
     assert lt["attention_mask"].dtype == torch.int64 and lt["attention_mask"].tolist()[0][:3] == [1, 1, 0]
     assert canonical_backbone("hunyuan-video") == "hunyuan_video"
+    assert canonical_backbone("WAN22") == "wan22_5b"
+    assert canonical_backbone("HunyuanVideo15") == "hunyuan_video15"
+    assert canonical_backbone("wan22_a14b_low") == "wan22_a14b"
+    hy15 = conditioning_for("a fox", "HunyuanVideo15")
+    assert hy15[0][0].shape == (1, 32, 3584) and "guidance" not in hy15[0][1]
     with pytest.raises(ValueError):
         conditioning_for("x", "sdxl")
