@@ -526,6 +526,9 @@ def _store(pr: ProbeResult, record: TrajectoryRecord, final: torch.Tensor,
     tensors = record.tensors(final)
     if plan is not None:  # a reuse is no reuse source (cache.lookup): nor its connectivity
         connectivity = None
+        if plan.region_tiles is not None:  # region M, for the pictures (cache previews)
+            tensors["region"] = tiles_to_latent_mask(
+                plan.region_tiles, pr.record.grid, run.latent_shape)[0, 0].to(torch.uint8)
     if connectivity is not None:  # a mask no hit would run sparse is not worth its bytes
         tensors.update(connectivity.to_tensors(
             with_mask=connectivity.density <= pr.settings.sparse.max_density))

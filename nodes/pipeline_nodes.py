@@ -11,7 +11,7 @@ from comfy_api.latest import io
 from ..carnator_core import pipeline
 from ..carnator_core.cache_backend import configured_location
 from ..carnator_core.cache import LookupResult
-from ..carnator_core.comfy_adapter import frames_decoder, notify, start_request
+from ..carnator_core.comfy_adapter import frames_decoder, notify, prompt_text_of, start_request
 from ..carnator_core.gate import Plan as GatePlan
 from .inputs import audit_inputs, gate_inputs, probe_inputs, sampling_inputs, sparse_inputs
 from .settings import audit_rate_or_default, gate_settings, reuse_settings, sparse_settings
@@ -39,7 +39,7 @@ class CarnatorEarlyProbe(io.ComfyNode):
             description="Runs the request's own first denoising steps and reads its Early Signature from the model's internal states. An exact repeat of a stored request is answered here without computing anything.",
             inputs=sampling_inputs() + probe_inputs(),
             outputs=[Probe.Output("probe", tooltip="The probe: the request, its first steps and its signature.")],
-            hidden=[io.Hidden.unique_id],
+            hidden=[io.Hidden.unique_id, io.Hidden.prompt],
         )
 
     @classmethod
@@ -47,6 +47,7 @@ class CarnatorEarlyProbe(io.ComfyNode):
                 scheduler, probe_fraction, seed_policy="same_seed", snapshot_count=None, label="",
                 cache=None) -> io.NodeOutput:
         settings = reuse_settings(probe_fraction, snapshot_count)
+        label = label or prompt_text_of(cls.hidden.prompt, node_id_of(cls))
         result = start_request(model, positive, negative, latent_image, seed, steps, cfg,
                                sampler_name, scheduler, settings, cache, seed_policy, label,
                                node_id=node_id_of(cls))

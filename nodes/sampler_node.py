@@ -4,7 +4,7 @@ from __future__ import annotations
 from comfy_api.latest import io
 
 from ..carnator_core import pipeline
-from ..carnator_core.comfy_adapter import notify, start_request
+from ..carnator_core.comfy_adapter import notify, prompt_text_of, start_request
 from .inputs import audit_inputs, gate_inputs, probe_inputs, sampling_inputs, sparse_inputs
 from .pipeline_nodes import finish
 from .settings import reuse_settings, sparse_settings
@@ -20,7 +20,7 @@ class CarnatorSampler(io.ComfyNode):
             inputs=sampling_inputs() + probe_inputs() + gate_inputs() + sparse_inputs() + audit_inputs(),
             outputs=[io.Latent.Output("LATENT", tooltip="The denoised video latent."),
                      io.String.Output("summary", tooltip="Hit or miss, k*, steps computed of N, risk, matched entry.")],
-            hidden=[io.Hidden.unique_id],
+            hidden=[io.Hidden.unique_id, io.Hidden.prompt],
             is_output_node=True,
         )
 
@@ -30,6 +30,7 @@ class CarnatorSampler(io.ComfyNode):
                 snapshot_count=None, label="", cache=None, min_depth=None, max_depth=None,
                 max_region=None, audit_rate=None, vae=None, **sparse) -> io.NodeOutput:
         node_id = node_id_of(cls)
+        label = label or prompt_text_of(cls.hidden.prompt, node_id)
         settings = reuse_settings(probe_fraction, snapshot_count, audit_rate, risk_budget=risk_budget,
                                   min_depth=min_depth, max_depth=max_depth, max_region=max_region)
         settings.sparse = sparse_settings(**sparse)

@@ -15,6 +15,9 @@ OUT = ROOT / "workflows"
 
 BACKBONES = {
     # backbone: (tiny model file, empty-latent node, its widgets [width, height, length, batch])
+    # the trained tiny world (draws recognisable objects; its own text encoder): the first example
+    "tinyworld": ("carnator_tinyworld_wan21.safetensors", "EmptyHunyuanLatentVideo", [128, 128, 13, 1]),
+    # random-weight models of three real architectures: the mechanics (steps skipped), no pictures
     "wan21": ("carnator_tiny_wan21.safetensors", "EmptyHunyuanLatentVideo", [128, 128, 9, 1]),
     "hunyuan_video": ("carnator_tiny_hunyuan_video.safetensors", "EmptyHunyuanLatentVideo", [128, 128, 9, 1]),
     "ltxv": ("carnator_tiny_ltxv.safetensors", "EmptyLTXVLatentVideo", [256, 256, 17, 1]),
@@ -24,11 +27,15 @@ STEPS, CFG, SEED = 12, 4.0, 42
 # The bundled tiny models have random weights: their early states move more between related
 # prompts than a trained model's, so the examples use a wider budget than the 5% default.
 RISK_BUDGET = 0.25
+# The tiny world: its own prompts, the step count it was calibrated at, the default budget.
+TINYWORLD = {"prompt": "a red circle in the top left moves right", "steps": 20, "risk_budget": 0.05}
+TEXT_ENCODER = {"tinyworld": "CarnatorTinyWorldTextEncode"}
 
 # (output name, type) per node type, and the widget names in the order the page stores them
 OUTPUTS = {
     "UNETLoader": [("MODEL", "MODEL")],
     "CarnatorDemoTextEncode": [("CONDITIONING", "CONDITIONING")],
+    "CarnatorTinyWorldTextEncode": [("CONDITIONING", "CONDITIONING")],
     "EmptyHunyuanLatentVideo": [("LATENT", "LATENT")],
     "EmptyLTXVLatentVideo": [("LATENT", "LATENT")],
     "CarnatorEarlyProbe": [("probe", "CARNATOR_PROBE")],
@@ -51,6 +58,7 @@ CALIBRATE_WIDGETS = ["prompts", "pairs", "first_seed", "steps", "cfg", "sampler_
 WIDGETS = {
     "UNETLoader": ["unet_name", "weight_dtype"],
     "CarnatorDemoTextEncode": ["text", "backbone"],
+    "CarnatorTinyWorldTextEncode": ["text"],
     "EmptyHunyuanLatentVideo": ["width", "height", "length", "batch_size"],
     "EmptyLTXVLatentVideo": ["width", "height", "length", "batch_size"],
     "CarnatorEarlyProbe": SAMPLING_WIDGETS + PROBE_WIDGETS + PROBE_OPTIONAL,
@@ -67,17 +75,22 @@ WIDGETS = {
 def graph(backbone: str, single_node: bool) -> dict[str, dict]:
     """API-format graph: {id: {class_type, inputs}} with links as [node_id, output_index]."""
     model_file, latent_node, latent_widgets = BACKBONES[backbone]
+    world = backbone == "tinyworld"
+    prompt = TINYWORLD["prompt"] if world else PROMPT
+    encoder = TEXT_ENCODER.get(backbone, "CarnatorDemoTextEncode")
+    text = (lambda t: {"text": t}) if world else (lambda t: {"text": t, "backbone": backbone})
     g = {
         "1": ("UNETLoader", {"unet_name": model_file, "weight_dtype": "default"}),
-        "2": ("CarnatorDemoTextEncode", {"text": PROMPT, "backbone": backbone}),
-        "3": ("CarnatorDemoTextEncode", {"text": "", "backbone": backbone}),
+        "2": (encoder, text(prompt)),
+        "3": (encoder, text("")),
         "4": (latent_node, dict(zip(WIDGETS[latent_node], latent_widgets))),
     }
+    # label "": the cache tab shows each request under its own prompt (read from node 2)
     sampling = {"model": ["1", 0], "positive": ["2", 0], "negative": ["3", 0],
-                "latent_image": ["4", 0], "seed": SEED, "steps": STEPS, "cfg": CFG,
-                "sampler_name": "euler", "scheduler": "simple", "probe_fraction": 0.1,
-                "seed_policy": "same_seed", "snapshot_count": 7, "label": PROMPT}
-    gate = {"risk_budget": RISK_BUDGET, "min_depth": 0.2, "max_depth": 0.8, "max_region": 0.5}
+                "latent_image": ["4", 0], "seed": SEED, "steps": TINYWORLD["steps"] if world else STEPS,
+                "cfg": CFG, "sampler_name": "euler", "scheduler": "simple", "probe_fraction": 0.1,
+                "seed_policy": "same_seed", "snapshot_count": 7, "label": ""}
+    gate = {"risk_budget": TINYWORLD["risk_budget"] if world else RISK_BUDGET, "min_depth": 0.2, "max_depth": 0.8, "max_region": 0.5}
     sparse = {"sparse_attention": True, "keep_mass": 0.9, "min_density": 0.1, "refresh_every": 0,
               "sparse_on_miss": False, "audit_rate": 0.0}
     if single_node:

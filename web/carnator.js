@@ -7,8 +7,12 @@
 // title bar, and the sampler node that will report the result says where the request is.
 //
 // The status lives in a DOM widget, so it is drawn with the node and readable from the page
-// (data-carnator-node / data-carnator-outcome / data-carnator-phase attributes); the title-bar
-// badge is drawn on the canvas and stays visible when the graph is zoomed out.
+// (data-carnator-node / data-carnator-outcome / data-carnator-phase attributes). The widget is
+// added when the node is created, not at its first result: the "Nodes 2.0" (Vue) node view of
+// front end 1.32 builds a node's widget list once and never shows a widget added later.
+// The title-bar badge is drawn on the canvas in the classic view (it stays visible when the
+// graph is zoomed out); Vue nodes are DOM, not canvas, so there the same badge is a DOM element
+// in the node's header (data-carnator-badge).
 import { app } from "../../scripts/app.js";
 import { api } from "../../scripts/api.js";
 import { registerCacheTab } from "./cache_tab.js";
@@ -22,7 +26,9 @@ const PHASE_TEXT = {
   reuse: "reuse · resuming from the stored trajectory",
   sample: "sample · computing the remaining steps",
 };
-const OUTCOME_COLOR = { hit: "#2e9e5b", miss: "#b7791f", exact: "#3a7bd5", running: "#6b7280", stopped: "#b83232" };
+const OUTCOME_COLOR = { hit: "#2e9e5b", miss: "#b7791f", exact: "#3a7bd5", running: "#6b7280", stopped: "#b83232",
+                        idle: "#4b5563" };
+const IDLE_TEXT = "Carnator · queue the prompt: MISS, HIT or EXACT shows here";
 
 function loadStylesheet() {
   const href = new URL("./carnator.css", import.meta.url).href;
@@ -80,10 +86,16 @@ function nodeById(id) {
   return graph?.getNodeById(id) ?? graph?.getNodeById(Number(id)) ?? null;
 }
 
-function linkById(graph, linkId) {
-  const links = graph.links;
-  if (!links) return null;
-  return typeof links.get === "function" ? links.get(linkId) : links[linkId];
+/** The nodes an output slot feeds. node.getOutputNodes() where the front end has it (1.58
+ * reports output.links as deprecated); the graph's link table otherwise. */
+function outputNodes(node, slot) {
+  if (typeof node.getOutputNodes === "function") return node.getOutputNodes(slot) ?? [];
+  const graph = node.graph ?? app.graph;
+  const links = graph?.links;
+  if (!links) return [];
+  const all = typeof links.values === "function" ? [...links.values()] : Object.values(links);
+  return all.filter((l) => l && l.origin_id === node.id && l.origin_slot === slot)
+    .map((l) => nodeById(l.target_id));
 }
 
 /** The status nodes a phase message concerns: the node itself or those it feeds. */
@@ -96,18 +108,14 @@ function statusNodesFrom(node) {
     if (!n || seen.has(n.id)) continue;
     seen.add(n.id);
     if (STATUS_NODES.has(n.comfyClass ?? n.type)) found.push(n);
-    for (const output of n.outputs ?? []) {
-      for (const linkId of output.links ?? []) {
-        const link = linkById(n.graph ?? app.graph, linkId);
-        if (link) queue.push(nodeById(link.target_id));
-      }
-    }
+    (n.outputs ?? []).forEach((_, slot) => queue.push(...outputNodes(n, slot)));
   }
   return found;
 }
 
 function redraw() {
   app.graph?.setDirtyCanvas(true, true);
+  syncHeaderBadges();
 }
 
 // ------------------------------------------------------------------ the status widget
@@ -170,6 +178,11 @@ function showStatus(node, { outcome, text, detail = "", previewId = null, captio
     node.setSize([node.size[0], Math.max(node.size[1], node.computeSize()[1])]);
   }
   redraw();
+}
+
+function showIdle(node) {
+  showStatus(node, { outcome: "idle", text: IDLE_TEXT });
+  node.carnatorBadge = null;
 }
 
 function showResult(node, summary) {
@@ -247,6 +260,42 @@ function drawBadge(node, ctx) {
   ctx.restore();
 }
 
+// ------------------------------------------------------------------ header badge (Vue nodes)
+/** The badge as a DOM element in a Vue node's header; nothing in the classic view (no header
+ * element there: the canvas badge above is drawn instead). */
+function syncHeaderBadge(node) {
+  const header = document.querySelector(`[data-testid="node-header-${node.id}"]`);
+  if (!header) return;
+  let el = header.querySelector(".carnator-badge");
+  const badge = node.carnatorBadge;
+  if (!badge) {
+    el?.remove();
+    return;
+  }
+  if (!el) {
+    el = document.createElement("span");
+    el.className = "carnator-badge";
+    const title = header.querySelector('[data-testid="node-title"]');
+    if (title?.parentElement) title.after(el);
+    else header.append(el);
+  }
+  if (el.textContent !== badge.text) el.textContent = badge.text;
+  el.dataset.carnatorBadge = badge.outcome;
+  el.dataset.carnatorBadgeNode = String(node.id);
+  el.style.background = OUTCOME_COLOR[badge.outcome] ?? OUTCOME_COLOR.running;
+}
+
+/** Vue re-renders a header now and then (title edits, collapse, a workflow reloaded) and
+ * drops foreign elements with it: put the badges back. */
+function syncHeaderBadges() {
+  for (const node of app.graph?.nodes ?? []) {
+    if (node.carnatorBadge || node.carnatorHadBadge) {
+      node.carnatorHadBadge = !!node.carnatorBadge;
+      syncHeaderBadge(node);
+    }
+  }
+}
+
 // ------------------------------------------------------------------ registration
 app.registerExtension({
   name: "carnator.frontend",
@@ -266,6 +315,7 @@ app.registerExtension({
     api.addEventListener("execution_error", () => clearPhases(true));
     api.addEventListener("execution_interrupted", () => clearPhases(true));
     registerCacheTab(app, api);
+    setInterval(syncHeaderBadges, 500);
   },
 
   async beforeRegisterNodeDef(nodeType, nodeData) {
@@ -277,6 +327,12 @@ app.registerExtension({
       return r;
     };
     if (!STATUS_NODES.has(nodeData.name)) return;
+    const onNodeCreated = nodeType.prototype.onNodeCreated;
+    nodeType.prototype.onNodeCreated = function (...args) {
+      const r = onNodeCreated?.apply(this, args);
+      showIdle(this);
+      return r;
+    };
     const onExecuted = nodeType.prototype.onExecuted;
     nodeType.prototype.onExecuted = function (message, ...rest) {
       const r = onExecuted?.call(this, message, ...rest);
