@@ -145,8 +145,10 @@ def to_ui(api: dict[str, dict]) -> dict:
                 inputs.append({"name": link[4], "type": link[5], "link": link[0]})
         outputs = [{"name": n, "type": ty, "links": consumers.get((nid, i), []), "slot_index": i}
                    for i, (n, ty) in enumerate(OUTPUTS[t])]
-        nodes.append({"id": int(nid), "type": t, "pos": [40 + 330 * (col % 5), 60 + 380 * (col // 5)],
-                      "size": [300, 200], "flags": {}, "order": col, "mode": 0,
+        # the nodes that show a result get room for its pictures (frame strips)
+        width = 380 if t in ("CarnatorSampler", "CarnatorReuseSampler") else 300
+        nodes.append({"id": int(nid), "type": t, "pos": [40 + 420 * (col % 5), 60 + 420 * (col // 5)],
+                      "size": [width, 200], "flags": {}, "order": col, "mode": 0,
                       "inputs": inputs, "outputs": outputs, "properties": {"Node name for S&R": t},
                       "widgets_values": widgets})
     ui_links = []

@@ -8,8 +8,8 @@
 //
 // The status lives in a DOM widget, so it is drawn with the node and readable from the page
 // (data-carnator-node / data-carnator-outcome / data-carnator-phase attributes). The widget is
-// added when the node is created, not at its first result: the "Nodes 2.0" (Vue) node view of
-// front end 1.32 builds a node's widget list once and never shows a widget added later.
+// added when the node joins the graph, not at its first result: the "Nodes 2.0" (Vue) node view
+// of front end 1.32 builds a node's widget list once and never shows a widget added later.
 // The title-bar badge is drawn on the canvas in the classic view (it stays visible when the
 // graph is zoomed out); Vue nodes are DOM, not canvas, so there the same badge is a DOM element
 // in the node's header (data-carnator-badge).
@@ -119,6 +119,20 @@ function redraw() {
 }
 
 // ------------------------------------------------------------------ the status widget
+// Up to two pictures under the status: the request's own video ("this request", region M
+// outlined on a hit) and the entry it reused. Each is a frame strip served by the pack.
+function picture(role) {
+  const figure = document.createElement("figure");
+  figure.className = `carnator-status-picture carnator-${role}`;
+  figure.hidden = true;
+  const img = document.createElement("img");
+  img.alt = "";
+  img.dataset.role = role;
+  const caption = document.createElement("figcaption");
+  figure.append(img, caption);
+  return { figure, img, caption };
+}
+
 function statusWidget(node) {
   let widget = node.widgets?.find((w) => w.name === STATUS_WIDGET);
   if (widget) return widget;
@@ -129,31 +143,46 @@ function statusWidget(node) {
   head.className = "carnator-status-head";
   const detail = document.createElement("div");
   detail.className = "carnator-status-detail";
-  const figure = document.createElement("figure");
+  const figure = document.createElement("div");
   figure.className = "carnator-status-preview";
   figure.hidden = true;
-  const img = document.createElement("img");
-  img.alt = "";
-  const caption = document.createElement("figcaption");
-  figure.append(img, caption);
+  const pictures = { request: picture("request"), source: picture("source") };
+  figure.append(pictures.request.figure, pictures.source.figure);
   root.append(head, detail, figure);
+  const shown = () => Object.values(pictures).filter((p) => !p.figure.hidden).length;
 
   widget = node.addDOMWidget(STATUS_WIDGET, "carnator-status", root, {
     serialize: false, // never part of the saved workflow or of the prompt sent to the server
     hideOnZoom: false,
     getValue: () => root.dataset.carnatorText ?? "",
     setValue: () => {},
-    getMinHeight: () => (figure.hidden ? 64 : 170),
-    getMaxHeight: () => (figure.hidden ? 90 : 240),
+    getMinHeight: () => 64 + 95 * shown(),
+    getMaxHeight: () => 90 + 130 * shown(),
   });
   widget.serialize = false;
-  widget.carnator = { root, head, detail, figure, img, caption };
+  widget.carnator = { root, head, detail, figure, pictures, shown };
   // grow downwards only: a wider node would overlap its neighbours in a laid-out workflow
   node.setSize([Math.max(node.size[0], 240), Math.max(node.size[1], node.computeSize()[1])]);
   return widget;
 }
 
-function showStatus(node, { outcome, text, detail = "", previewId = null, caption = "", phase = "" }) {
+function setPicture(p, entryId, caption, withRegion = false) {
+  if (!entryId) {
+    p.figure.hidden = true;
+    p.img.removeAttribute("src");
+    delete p.img.dataset.entryId;
+    return;
+  }
+  p.img.src = previewUrl(entryId) + (withRegion ? "?region=1" : "");
+  p.img.alt = caption;
+  p.img.dataset.entryId = entryId;
+  p.caption.textContent = caption;
+  p.figure.hidden = false;
+}
+
+/** pictures: {request: [entryId, caption, withRegion], source: [entryId, caption]} or null
+ * (keep what is shown: a running request dims the previous result's pictures). */
+function showStatus(node, { outcome, text, detail = "", pictures = null, phase = "" }) {
   const w = statusWidget(node).carnator;
   w.root.dataset.carnatorOutcome = outcome;
   w.root.dataset.carnatorPhase = phase;
@@ -162,19 +191,14 @@ function showStatus(node, { outcome, text, detail = "", previewId = null, captio
   w.head.textContent = text;
   w.detail.textContent = detail;
   w.detail.title = detail;
-  const hadPreview = !w.figure.hidden;
-  if (previewId) {
-    w.img.src = previewUrl(previewId);
-    w.img.alt = caption;
-    w.img.dataset.entryId = previewId;
-    w.caption.textContent = caption;
-    w.figure.hidden = false;
-  } else if (outcome !== "running") {
-    w.figure.hidden = true;
-    w.img.removeAttribute("src");
+  const before = w.shown();
+  if (pictures || outcome !== "running") {
+    setPicture(w.pictures.request, ...(pictures?.request ?? []));
+    setPicture(w.pictures.source, ...(pictures?.source ?? []));
   }
+  w.figure.hidden = w.shown() === 0;
   node.carnatorBadge = { text: outcome === "running" ? phase : outcome.toUpperCase(), outcome };
-  if (hadPreview !== !w.figure.hidden) {
+  if (before !== w.shown()) {
     node.setSize([node.size[0], Math.max(node.size[1], node.computeSize()[1])]);
   }
   redraw();
@@ -187,17 +211,25 @@ function showIdle(node) {
 
 function showResult(node, summary) {
   const matched = summary.outcome === "miss" ? null : summary.entry_id;
-  const previewId = matched ?? summary.stored_id ?? null;
-  const caption = matched
-    ? `reused entry ${shortId(matched)}`
-    : previewId ? `stored as entry ${shortId(previewId)}` : "";
+  const own = summary.stored_id ?? null;
+  let pictures;
+  if (summary.outcome === "hit") {
+    const region = summary.region_fraction ? ` · region M outlined (${Math.round(summary.region_fraction * 100)}% recomputed)` : " · nothing recomputed (M empty)";
+    pictures = {
+      request: [own, own ? `this request (entry ${shortId(own)})${region}` : "", true],
+      source: [matched, `reused entry ${shortId(matched)}: resumed from its step ${summary.reuse_step}`],
+    };
+  } else if (summary.outcome === "exact") {
+    pictures = { source: [matched, `the stored result (entry ${shortId(matched)}), returned as it is`] };
+  } else {
+    pictures = { request: [own, own ? `this request, stored as entry ${shortId(own)}` : ""] };
+  }
   const extra = [detailLine(summary), summary.reason, ...(summary.messages ?? [])].filter(Boolean);
   showStatus(node, {
     outcome: summary.outcome,
     text: headline(summary),
     detail: extra.join(" · "),
-    previewId,
-    caption,
+    pictures,
   });
   node.carnatorResult = summary;
   node.carnatorPhase = null;
@@ -327,10 +359,12 @@ app.registerExtension({
       return r;
     };
     if (!STATUS_NODES.has(nodeData.name)) return;
-    const onNodeCreated = nodeType.prototype.onNodeCreated;
-    nodeType.prototype.onNodeCreated = function (...args) {
-      const r = onNodeCreated?.apply(this, args);
-      showIdle(this);
+    // when the node joins a graph: earlier (onNodeCreated) the classic view never mounts a DOM
+    // widget; later (the first result) the Vue view of 1.32 never shows it
+    const onAdded = nodeType.prototype.onAdded;
+    nodeType.prototype.onAdded = function (...args) {
+      const r = onAdded?.apply(this, args);
+      if (!this.widgets?.some((w) => w.name === STATUS_WIDGET)) showIdle(this);
       return r;
     };
     const onExecuted = nodeType.prototype.onExecuted;
