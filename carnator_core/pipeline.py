@@ -268,7 +268,9 @@ def gate(pr: ProbeResult, found: LookupResult, risk_model: RiskModel,
          settings: GateSettings | None = None) -> tuple[Plan, list[Plan]]:
     settings = settings or pr.settings.gate
     if pr.exact_latent is not None:
-        return Plan(False, entry_id=pr.exact_entry.id, reason="exact repeat"), []
+        return Plan(False, entry_id=pr.exact_entry.id,
+                    reason=f"exact repeat of entry {pr.exact_entry.id[:8]}: its stored result is "
+                           "returned, nothing to gate"), []
     if not found.candidates:
         return Plan(False, reason=f"no candidates: {found.message}"), []
     new_sig = pr.signature
@@ -501,8 +503,11 @@ def _report_attention(att, s: Summary) -> None:
 def _finish_summary(pr: ProbeResult, s: Summary, notes: list[str]) -> None:
     """Attach every problem met on the way (cache repairs included), log the request."""
     reports = list(pr.cache.reports) if pr.cache is not None else []
-    s.messages = list(dict.fromkeys(
-        ([pr.cache_message] if pr.cache_message else []) + reports + notes))
+    # each problem once: a message the reason already carries (the gate explains a miss with
+    # the cache's own message) is not repeated beside it
+    s.messages = [m for m in dict.fromkeys(
+        ([pr.cache_message] if pr.cache_message else []) + reports + notes)
+        if m and m not in (s.reason or "")]
     guarded(pr.cache, "logging the request", getattr(pr.cache, "log_request", None), s.outcome,
             s.entry_id, s.steps_computed, s.steps_total, s.seconds, pr.klass.key)
     log.info("Carnator: %s", s.text().replace("\n", " | "))

@@ -102,7 +102,8 @@ class CarnatorCompatibilityGate(io.ComfyNode):
             GatePlan(False, reason=problem or pr.cache_message or "cache unavailable"), [])
         text = (f"accept entry {plan.entry_id[:8]} at k*={plan.reuse_step}/{pr.run.steps}, "
                 f"risk {plan.risk:.1%}, region {plan.region_fraction:.0%}" if plan.accept
-                else f"reject: {plan.reason}")
+                else plan.reason if pr.exact_latent is not None  # not a rejection: the best outcome
+                else f"no reuse: {plan.reason}")
         return io.NodeOutput(PlanBundle(pr, plan, verdicts), text)
 
 

@@ -62,7 +62,7 @@ def run_requests(cache_dir: Path) -> list[dict]:
 
     (cache_dir / "calibration").mkdir(parents=True)
     for f in CALIBRATION.glob("*.json"):
-        if f.stem.count(".") == 0:
+        if len(f.stem) == 32:  # <fingerprint>.json: not their reports, not demo_models.json
             shutil.copy(f, cache_dir / "calibration" / f.name)
     model = comfy.sd.load_diffusion_model(str(MODEL))
     cond = lambda text: mark_latent_format(TXT.conditioning(text), TINYWORLD_LATENT_FORMAT)  # noqa: E731
