@@ -197,7 +197,8 @@ function showStatus(node, { outcome, text, detail = "", pictures = null, phase =
     setPicture(w.pictures.source, ...(pictures?.source ?? []));
   }
   w.figure.hidden = w.shown() === 0;
-  node.carnatorBadge = { text: outcome === "running" ? phase : outcome.toUpperCase(), outcome };
+  node.carnatorBadge = outcome === "idle" ? null
+    : { text: outcome === "running" ? phase : outcome.toUpperCase(), outcome };
   if (before !== w.shown()) {
     node.setSize([node.size[0], Math.max(node.size[1], node.computeSize()[1])]);
   }
@@ -206,7 +207,6 @@ function showStatus(node, { outcome, text, detail = "", pictures = null, phase =
 
 function showIdle(node) {
   showStatus(node, { outcome: "idle", text: IDLE_TEXT });
-  node.carnatorBadge = null;
 }
 
 function showResult(node, summary) {
