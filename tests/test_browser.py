@@ -266,7 +266,6 @@ def queue_and_wait(page, node_id: int, outcome: str, running_shot: Path | None =
         "(id) => { const imgs = [...document.querySelectorAll(`.carnator-status[data-carnator-node='${id}'] figure:not([hidden]) img`)];"
         " return imgs.length > 0 && imgs.every((img) => img.complete && img.naturalWidth > 0); }",
         arg=node_id, timeout=30_000)
-    page.wait_for_timeout(700)  # the header badges are re-synced twice a second
     return status(page, node_id)
 
 
@@ -275,6 +274,14 @@ def badge(page, node_id: int, outcome: str) -> dict:
 
 
 def assert_badge(page, node_id: int, outcome: str, nodes2: bool) -> None:
+    want = "dom" if nodes2 else "canvas"
+    try:  # the header badge is synced, the canvas redrawn, on the next frames
+        page.wait_for_function(
+            f"([id, rgb]) => {{ const b = ({BADGE})([id, rgb]); return b.kind === '{want}' && "
+            f"b.text === '{outcome.upper()}' && (b.kind === 'dom' ? b.visible : b.pixels >= 60); }}",
+            arg=[node_id, list(BADGE_COLOUR[outcome])], timeout=10_000)
+    except Exception:  # noqa: BLE001 - the assertions below say what was seen instead
+        pass
     got = badge(page, node_id, outcome)
     assert got["text"] == outcome.upper(), got
     if nodes2:
