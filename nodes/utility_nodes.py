@@ -97,3 +97,28 @@ class CarnatorTinyWorldTextEncode(io.ComfyNode):
                 raise RuntimeError(f"Carnator Tiny World Text Encode: {TINYWORLD_NEEDS} ({e})") from e
             raise
         return io.NodeOutput(mark_latent_format(cond, TINYWORLD_LATENT_FORMAT))
+
+
+class CarnatorTinyWorldDecode(io.ComfyNode):
+    @classmethod
+    def define_schema(cls) -> io.Schema:
+        return io.Schema(
+            node_id="CarnatorTinyWorldDecode", display_name="Carnator Tiny World Decode", category="Carnator/demo",
+            description="The tiny-world model's latent as its video frames (its latent is an exact pixel transform, no VAE), for Save Animated WEBP or Preview Image.",
+            inputs=[
+                io.Latent.Input("samples", tooltip="A latent of the tiny-world model (from Carnator Sampler or Reuse Sampler)."),
+                io.Int.Input("scale", default=4, min=1, max=16, tooltip="Enlarge each 32×32 frame this many times (nearest neighbour, so the pixels stay sharp)."),
+            ],
+            outputs=[io.Image.Output(tooltip="The frames, one image per frame.")],
+        )
+
+    @classmethod
+    def execute(cls, samples, scale) -> io.NodeOutput:
+        from ..tinyworld import latent as tinyworld_latent
+        x = samples["samples"].float()
+        if x.ndim != 5 or x.shape[1] != tinyworld_latent.CHANNELS:
+            raise ValueError(f"Carnator Tiny World Decode: expected a tiny-world latent (B×16×T×H×W), "
+                             f"got {'×'.join(str(d) for d in x.shape)}; use the model's own VAE Decode for other models")
+        frames = tinyworld_latent.decode_comfy(x[:1], clamp=True)[0].permute(1, 2, 3, 0)  # T, H, W, 3
+        frames = frames.repeat_interleave(scale, 1).repeat_interleave(scale, 2)
+        return io.NodeOutput(frames.contiguous())

@@ -45,6 +45,8 @@ OUTPUTS = {
     "CarnatorSampler": [("LATENT", "LATENT"), ("summary", "STRING")],
     "CarnatorCalibrate": [("report", "STRING")],
     "SaveLatent": [],
+    "CarnatorTinyWorldDecode": [("IMAGE", "IMAGE")],
+    "SaveAnimatedWEBP": [],
 }
 SAMPLING_WIDGETS = ["seed", "steps", "cfg", "sampler_name", "scheduler"]
 PROBE_WIDGETS = ["probe_fraction"]
@@ -69,6 +71,8 @@ WIDGETS = {
                         + GATE_OPTIONAL + SPARSE_OPTIONAL + AUDIT_OPTIONAL),
     "CarnatorCalibrate": CALIBRATE_WIDGETS,
     "SaveLatent": ["filename_prefix"],
+    "CarnatorTinyWorldDecode": ["scale"],
+    "SaveAnimatedWEBP": ["filename_prefix", "fps", "lossless", "quality", "method"],
 }
 
 
@@ -102,7 +106,12 @@ def graph(backbone: str, single_node: bool) -> dict[str, dict]:
         g["7"] = ("CarnatorCompatibilityGate", {"candidates": ["6", 0], **gate})
         g["8"] = ("CarnatorReuseSampler", {"plan": ["7", 0], **sparse})
         final = "8"
-    g["9"] = ("SaveLatent", {"samples": [final, 0], "filename_prefix": f"carnator/{backbone}"})
+    if world:  # its frames, saved as an animated WEBP a person can open
+        g["9"] = ("CarnatorTinyWorldDecode", {"samples": [final, 0], "scale": 4})
+        g["10"] = ("SaveAnimatedWEBP", {"images": ["9", 0], "filename_prefix": f"carnator/{backbone}",
+                                        "fps": 4.0, "lossless": True, "quality": 80, "method": "default"})
+    else:
+        g["9"] = ("SaveLatent", {"samples": [final, 0], "filename_prefix": f"carnator/{backbone}"})
     return {k: {"class_type": t, "inputs": i, "_meta": {"title": t}} for k, (t, i) in g.items()}
 
 

@@ -68,3 +68,8 @@ def test_comfyui_manager_installs_the_pack_and_comfyui_loads_it(tmp_path, git_se
         (summary,) = carnator_outputs(server.run(wf, timeout=600))
         assert summary["outcome"] == "miss" and summary["stored_id"], summary
         assert "gate: calibrated" in summary["calibration"], summary
+        # and the video a person opens: the frames decoded and saved as an animated WEBP
+        from PIL import Image
+        (webp,) = (server.output_dir / "carnator").glob("tinyworld*.webp")
+        with Image.open(webp) as img:
+            assert getattr(img, "n_frames", 1) == 4 and img.size == (128, 128), (img.size, img.n_frames)
