@@ -3,13 +3,19 @@
 # ComfyUI host (scripts/provision.sh; a second run takes seconds).
 PY := .venv/bin/python
 
-.PHONY: setup demo test bench-smoke workflows tiny-models tinyworld-results
+.PHONY: setup demo demo-pictures test bench-smoke workflows tiny-models tinyworld-results
 
 setup:
 	bash scripts/provision.sh
 
+# the pictures first (docs/demo/, deterministic: a fresh clone regenerates them byte for byte),
+# then the table of every backbone through a real headless ComfyUI
 demo: setup
+	$(PY) scripts/demo_pictures.py
 	$(PY) scripts/demo.py
+
+demo-pictures: setup
+	$(PY) scripts/demo_pictures.py
 
 test: setup
 	$(PY) -m pytest -q tests

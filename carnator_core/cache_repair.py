@@ -64,6 +64,13 @@ class IndexRepair:
                 pass
 
     def _unwritable(self, e: OSError) -> CacheError:
+        not_a_folder = next((p for p in (self.folder, *self.folder.parents)
+                             if p.exists() and not p.is_dir()), None)
+        if not_a_folder is not None or e.errno in (errno.ENOTDIR, errno.EEXIST):
+            where = not_a_folder or self.folder
+            return CacheError(f"Carnator cache folder {self.folder} cannot be used: {where} is a "
+                              "file, not a folder; the request runs without reuse. Choose another "
+                              "folder in the Carnator Cache node (or move that file away).")
         hint = ("free space on that disk" if e.errno in DISK_FULL else
                 "choose another folder in the Carnator Cache node or fix its permissions")
         return CacheError(f"Carnator cache folder {self.folder} is not writable "

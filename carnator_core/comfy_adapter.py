@@ -148,6 +148,53 @@ def cond_digest(conditioning) -> str:
     return digest(parts)
 
 
+# A conditioning whose extras carry this key names how the request's latents become pictures
+# (the cache's previews), where the model's own latent format would be wrong: the tiny world's
+# latent is an exact pixel transform in Wan 2.1's channel layout, not Wan's VAE space. The
+# model never sees the key (ComfyUI passes only the keys a model's extra_conds asks for).
+LATENT_FORMAT_KEY = "carnator_latent_format"
+TINYWORLD_LATENT_FORMAT = "TinyWorld"
+
+
+def mark_latent_format(conditioning: list, latent_format: str) -> list:
+    """The conditioning with its preview format named (see LATENT_FORMAT_KEY)."""
+    return [[c[0], {**(c[1] if len(c) > 1 else {}), LATENT_FORMAT_KEY: latent_format}] for c in conditioning]
+
+
+def marked_latent_format(conditioning) -> str | None:
+    for item in conditioning or []:
+        found = item[1].get(LATENT_FORMAT_KEY) if len(item) > 1 else None
+        if found:
+            return str(found)
+    return None
+
+
+PROMPT_TEXT_INPUTS = ("text", "prompt", "string", "value", "text_g", "text_l")
+
+
+def prompt_text_of(prompt_graph: dict | None, node_id: str | None, input_name: str = "positive",
+                   depth: int = 6) -> str:
+    """The text behind a node's conditioning input, read from ComfyUI's prompt (the API-format
+    graph the executor runs): follow ``input_name``'s link to the node that made it and take
+    its text widget (CLIPTextEncode's ``text``, the pack's encoders' ``text``), through
+    conditioning pass-through nodes and string primitives. "" when there is none."""
+    if not isinstance(prompt_graph, dict) or node_id is None:
+        return ""
+    node = prompt_graph.get(str(node_id))
+    link = (node or {}).get("inputs", {}).get(input_name)
+    for _ in range(depth):
+        if not (isinstance(link, list) and len(link) == 2):
+            return ""
+        inputs = (prompt_graph.get(str(link[0])) or {}).get("inputs", {})
+        for name in PROMPT_TEXT_INPUTS:
+            value = inputs.get(name)
+            if isinstance(value, str):
+                return value
+        link = next((inputs[n] for n in PROMPT_TEXT_INPUTS + ("conditioning", "conditioning_to", "positive")
+                     if isinstance(inputs.get(n), list)), None)
+    return ""
+
+
 def default_cache_folder() -> str:
     """Under ComfyUI's user directory, so it survives restarts and updates of the pack."""
     env = os.environ.get("CARNATOR_CACHE_DIR")
@@ -446,7 +493,8 @@ class ComfyRun:
 
     @property
     def latent_format(self) -> str:
-        return type(self.model.get_model_object("latent_format")).__name__
+        return (marked_latent_format(self.positive)
+                or type(self.model.get_model_object("latent_format")).__name__)
 
     @property
     def attention(self) -> AttentionPlan:

@@ -289,6 +289,27 @@ def evidence(new: EarlySignature, old: EarlySignature, similarity: float,
     return feats, region
 
 
+def region_reason(fraction: float, limit: float) -> str:
+    """Why a candidate whose region M is too large is not reused."""
+    if limit <= 0:
+        return (f"{fraction:.0%} of tiles differ and max_region is 0 (reuse only when no tile "
+                "differs); raise max_region to let the gate recompute a region")
+    return (f"{fraction:.0%} of tiles differ, more than max_region ({limit:.0%}) allows"
+            + (": mostly a new video" if fraction > 0.5 else ""))
+
+
+def depth_reason(settings: GateSettings, lo: int, hi: int, probe_steps: int, steps: int) -> str:
+    """Why no depth k* could be chosen, in the words of the settings a person set."""
+    if settings.min_depth > settings.max_depth:
+        return (f"min_depth ({settings.min_depth:.2f}) is above max_depth ({settings.max_depth:.2f}): "
+                "the bounds are swapped, so no depth can be reused; set min_depth ≤ max_depth")
+    if lo > hi:
+        return (f"max_depth ({settings.max_depth:.2f}) ends at step {hi} of {steps}, before the "
+                f"probe's {probe_steps} steps: no depth is left to reuse; raise max_depth")
+    return (f"the matched entry has no stored snapshot between steps {lo} and {hi} "
+            "(it was stored with other depth bounds)")
+
+
 def decide(new: EarlySignature, candidates: list[tuple[str, EarlySignature, float, list[int]]],
            steps: int, probe_steps: int, model: RiskModel,
            settings: GateSettings) -> tuple[Plan, list[Plan]]:
@@ -305,14 +326,13 @@ def decide(new: EarlySignature, candidates: list[tuple[str, EarlySignature, floa
         feats, region = evidence(new, old, sim, model.region_threshold)
         base = dict(entry_id=entry_id, region_tiles=region, similarity=sim)
         if feats["region_fraction"] > settings.max_region_fraction:
-            verdicts.append(Plan(False, features=feats, reason=(
-                f"{feats['region_fraction']:.0%} of tiles differ (limit "
-                f"{settings.max_region_fraction:.0%}): mostly a new video"), **base))
+            verdicts.append(Plan(False, features=feats, reason=region_reason(
+                feats["region_fraction"], settings.max_region_fraction), **base))
             continue
         depths = sorted((k for k in snapshot_steps if lo <= k <= hi), reverse=True)
         if not depths:
-            verdicts.append(Plan(False, features=feats, reason=(
-                f"no stored snapshot between steps {lo} and {hi}"), **base))
+            verdicts.append(Plan(False, features=feats, reason=depth_reason(
+                settings, lo, hi, probe_steps, steps), **base))
             continue
         guided = settings.guided_finish and (stored_x0[0] if stored_x0 else True)
         verdicts.append(_cheapest_acceptable(feats, depths, steps, model, settings.risk_budget, guided, base))

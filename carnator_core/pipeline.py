@@ -302,7 +302,9 @@ def gate(pr: ProbeResult, found: LookupResult, risk_model: RiskModel,
     # the audit judges this budget; what the entry stores follows this model's calibration
     pr.gate_model, pr.settings.gate = risk_model, settings
     if pr.exact_latent is not None:
-        return Plan(False, entry_id=pr.exact_entry.id, reason="exact repeat"), []
+        return Plan(False, entry_id=pr.exact_entry.id,
+                    reason=f"exact repeat of entry {pr.exact_entry.id[:8]}: its stored result is "
+                           "returned, nothing to gate"), []
     if not found.candidates:
         return Plan(False, reason=f"no candidates: {found.message}"), []
     new_sig = pr.signature
@@ -577,8 +579,11 @@ def _report_attention(att, s: Summary) -> None:
 def _finish_summary(pr: ProbeResult, s: Summary, notes: list[str]) -> None:
     """Attach every problem met on the way (cache repairs included), log the request."""
     reports = list(pr.cache.reports) if pr.cache is not None else []
-    s.messages = list(dict.fromkeys(
-        ([pr.cache_message] if pr.cache_message else []) + reports + notes))
+    # each problem once: a message the reason already carries (the gate explains a miss with
+    # the cache's own message) is not repeated beside it
+    s.messages = [m for m in dict.fromkeys(
+        ([pr.cache_message] if pr.cache_message else []) + reports + notes)
+        if m and m not in (s.reason or "")]
     guarded(pr.cache, "logging the request", getattr(pr.cache, "log_request", None), s.outcome,
             s.entry_id, s.steps_computed, s.steps_total, s.seconds, pr.klass.key)
     log.info("Carnator: %s", s.text().replace("\n", " | "))
@@ -603,6 +608,9 @@ def _store(pr: ProbeResult, record: TrajectoryRecord, final: torch.Tensor,
     tensors = record.tensors(final, denoised=bool(pr.gate_model is not None and pr.gate_model.finish_calls))
     if plan is not None:  # a reuse is no reuse source (cache.lookup): nor its connectivity
         connectivity = None
+        if plan.region_tiles is not None:  # region M, for the pictures (cache previews)
+            tensors["region"] = tiles_to_latent_mask(
+                plan.region_tiles, pr.record.grid, run.latent_shape)[0, 0].to(torch.uint8)
     if connectivity is not None:  # a mask no hit would run sparse is not worth its bytes
         tensors.update(connectivity.to_tensors(
             with_mask=connectivity.density <= pr.settings.sparse.max_density))

@@ -5,11 +5,13 @@ from .pipeline_nodes import (CarnatorCacheLookup, CarnatorCompatibilityGate, Car
                              CarnatorReuseSampler)
 from .calibrate_node import CarnatorCalibrate
 from .sampler_node import CarnatorSampler
-from .utility_nodes import CarnatorCache, CarnatorDemoTextEncode
+from .utility_nodes import (CarnatorCache, CarnatorDemoTextEncode, CarnatorTinyWorldDecode,
+                            CarnatorTinyWorldTextEncode)
 
 NODES: list[type[io.ComfyNode]] = [
     CarnatorEarlyProbe, CarnatorCacheLookup, CarnatorCompatibilityGate, CarnatorReuseSampler,
-    CarnatorSampler, CarnatorCache, CarnatorDemoTextEncode, CarnatorCalibrate,
+    CarnatorSampler, CarnatorCache, CarnatorDemoTextEncode, CarnatorTinyWorldTextEncode, CarnatorTinyWorldDecode,
+    CarnatorCalibrate,
 ]
 
 

@@ -34,7 +34,7 @@ def probe_inputs() -> list:
         io.Int.Input("snapshot_count", default=7, min=1, max=64, optional=True,
                      tooltip="How many intermediate latents x_k this request stores for later reuse."),
         io.String.Input("label", default="", optional=True,
-                        tooltip="Text shown for this request in the cache browser (e.g. the prompt)."),
+                        tooltip="Text shown for this request in the cache browser. Empty: the request's own prompt (the text of the encoder feeding positive)."),
         CacheConfig.Input("cache", optional=True,
                           tooltip="Cache folder and capacity from a 'Carnator Cache' node; default: carnator_cache in ComfyUI's user directory."),
     ]

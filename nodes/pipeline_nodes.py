@@ -11,7 +11,7 @@ from comfy_api.latest import io
 from ..carnator_core import pipeline
 from ..carnator_core.cache_backend import configured_location
 from ..carnator_core.cache import LookupResult
-from ..carnator_core.comfy_adapter import frames_decoder, notify, start_request
+from ..carnator_core.comfy_adapter import frames_decoder, notify, prompt_text_of, start_request
 from ..carnator_core.experts import WAN22_SWITCH_SIGMA
 from ..carnator_core.gate import Plan as GatePlan
 from .inputs import (audit_inputs, expert_inputs, finish_inputs, gate_inputs, probe_inputs,
@@ -41,7 +41,7 @@ class CarnatorEarlyProbe(io.ComfyNode):
             description="Runs the request's own first denoising steps and reads its Early Signature from the model's internal states. An exact repeat of a stored request is answered here without computing anything.",
             inputs=sampling_inputs() + probe_inputs() + expert_inputs(),
             outputs=[Probe.Output("probe", tooltip="The probe: the request, its first steps and its signature.")],
-            hidden=[io.Hidden.unique_id],
+            hidden=[io.Hidden.unique_id, io.Hidden.prompt],
         )
 
     @classmethod
@@ -50,6 +50,7 @@ class CarnatorEarlyProbe(io.ComfyNode):
                 cache=None, low_noise_model=None, switch_step=0,
                 switch_sigma=WAN22_SWITCH_SIGMA) -> io.NodeOutput:
         settings = reuse_settings(probe_fraction, snapshot_count)
+        label = label or prompt_text_of(cls.hidden.prompt, node_id_of(cls))
         result = start_request(model, positive, negative, latent_image, seed, steps, cfg,
                                sampler_name, scheduler, settings, cache, seed_policy, label,
                                node_id=node_id_of(cls), low_noise_model=low_noise_model,
@@ -106,7 +107,8 @@ class CarnatorCompatibilityGate(io.ComfyNode):
             GatePlan(False, reason=problem or pr.cache_message or "cache unavailable"), [])
         text = (f"accept entry {plan.entry_id[:8]} at k*={plan.reuse_step}/{pr.run.steps}, "
                 f"risk {plan.risk:.1%}, region {plan.region_fraction:.0%}" if plan.accept
-                else f"reject: {plan.reason}")
+                else plan.reason if pr.exact_latent is not None  # not a rejection: the best outcome
+                else f"no reuse: {plan.reason}")
         return io.NodeOutput(PlanBundle(pr, plan, verdicts), text)
 
 

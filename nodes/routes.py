@@ -35,7 +35,9 @@ from aiohttp import web
 from ..carnator_core.cache import ENTRY_ID_RE, CacheError, TrajectoryCache
 from ..carnator_core.cache_backend import configured_location
 from ..carnator_core.cache_backend import open_cache as open_location
-from ..carnator_core.comfy_adapter import default_cache_folder, latent_rgb_factors, model_space
+from ..carnator_core.comfy_adapter import (TINYWORLD_LATENT_FORMAT, default_cache_folder,
+                                           latent_rgb_factors, model_space)
+from ..carnator_core.preview import frame_strip_png
 
 log = logging.getLogger("carnator")
 
@@ -186,6 +188,9 @@ def latent_to_rgb(latent: torch.Tensor, latent_format: str) -> torch.Tensor:
     x = latent.float()
     if x.ndim == 4:
         x = x.unsqueeze(2)
+    if latent_format == TINYWORLD_LATENT_FORMAT:  # an exact pixel transform: the real frames
+        from ..tinyworld import latent as tinyworld_latent
+        return tinyworld_latent.decode_comfy(x[:1], clamp=True)[0].permute(1, 2, 3, 0)
     x = model_space(x[:1], latent_format)[0]            # (C, T, H, W)
     found = latent_rgb_factors(latent_format)
     if found is not None and found[0].shape[0] == x.shape[0]:
@@ -201,31 +206,20 @@ def latent_to_rgb(latent: torch.Tensor, latent_format: str) -> torch.Tensor:
     return ((ch - lo) / (hi - lo).clamp_min(1e-6)).permute(1, 2, 3, 0)
 
 
-def preview_png(latent: torch.Tensor, latent_format: str) -> bytes:
-    """Up to PREVIEW_FRAMES frames, evenly spaced, side by side, nearest-neighbour enlarged."""
-    from PIL import Image
+def preview_png(latent: torch.Tensor, latent_format: str, region: torch.Tensor | None = None) -> bytes:
+    """Up to PREVIEW_FRAMES frames, evenly spaced, side by side, nearest-neighbour enlarged;
+    with ``region`` (a (T, H, W) latent-grid mask: region M of a hit) M's edges drawn."""
     frames = latent_to_rgb(latent, latent_format)        # (T, H, W, 3)
-    t = frames.shape[0]
-    n = min(t, PREVIEW_FRAMES)
-    picks = [round(i * (t - 1) / (n - 1)) for i in range(n)] if n > 1 else [0]
-    strip = torch.cat([frames[i] for i in picks], dim=1)  # (H, W*n, 3)
-    img = Image.fromarray((strip * 255).round().to(torch.uint8).numpy(), "RGB")
-    h, w = frames.shape[1], frames.shape[2]
-    scale = max(1, PREVIEW_FRAME_PX // max(h, 1))
-    if scale > 1:
-        img = img.resize((w * len(picks) * scale, h * scale), Image.NEAREST)
-    buf = io.BytesIO()
-    img.save(buf, format="PNG", optimize=False)
-    return buf.getvalue()
+    return frame_strip_png(frames, region, PREVIEW_FRAMES, PREVIEW_FRAME_PX)
 
 
-def render_preview(entry_id: str) -> bytes:
+def render_preview(entry_id: str, with_region: bool = False) -> bytes:
     cache = open_cache()
     row = find_entry(cache, entry_id)
-    tensors = cache.load_tensors(row["id"], ["final"])    # the id read back from the index
+    tensors = cache.load_tensors(row["id"], ["final", "region"] if with_region else ["final"])
     if not tensors or "final" not in tensors:
         raise RequestError(404, f"cache entry {entry_id} has no stored latent (file lost or unreadable)")
-    return preview_png(tensors["final"], row.get("latent_format") or "")
+    return preview_png(tensors["final"], row.get("latent_format") or "", tensors.get("region"))
 
 
 # ------------------------------------------------------------------ handlers
@@ -253,7 +247,8 @@ async def get_entry(request: web.Request) -> web.Response:
 @json_errors
 async def get_preview(request: web.Request) -> web.Response:
     entry_id = entry_id_of(request)
-    png = await asyncio.to_thread(render_preview, entry_id)
+    with_region = request.query.get("region") == "1"
+    png = await asyncio.to_thread(render_preview, entry_id, with_region)
     # an id never names other content, so the picture may be cached by the browser
     return web.Response(body=png, content_type="image/png",
                         headers={"Cache-Control": "private, max-age=86400"})

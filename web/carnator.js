@@ -7,8 +7,12 @@
 // title bar, and the sampler node that will report the result says where the request is.
 //
 // The status lives in a DOM widget, so it is drawn with the node and readable from the page
-// (data-carnator-node / data-carnator-outcome / data-carnator-phase attributes); the title-bar
-// badge is drawn on the canvas and stays visible when the graph is zoomed out.
+// (data-carnator-node / data-carnator-outcome / data-carnator-phase attributes). The widget is
+// added when the node joins the graph, not at its first result: the "Nodes 2.0" (Vue) node view
+// of front end 1.32 builds a node's widget list once and never shows a widget added later.
+// The title-bar badge is drawn on the canvas in the classic view (it stays visible when the
+// graph is zoomed out); Vue nodes are DOM, not canvas, so there the same badge is a DOM element
+// in the node's header (data-carnator-badge).
 import { app } from "../../scripts/app.js";
 import { api } from "../../scripts/api.js";
 import { registerCacheTab } from "./cache_tab.js";
@@ -22,7 +26,9 @@ const PHASE_TEXT = {
   reuse: "reuse · resuming from the stored trajectory",
   sample: "sample · computing the remaining steps",
 };
-const OUTCOME_COLOR = { hit: "#2e9e5b", miss: "#b7791f", exact: "#3a7bd5", running: "#6b7280", stopped: "#b83232" };
+const OUTCOME_COLOR = { hit: "#2e9e5b", miss: "#b7791f", exact: "#3a7bd5", running: "#6b7280", stopped: "#b83232",
+                        idle: "#4b5563" };
+const IDLE_TEXT = "Carnator · queue the prompt: MISS, HIT or EXACT shows here";
 
 function loadStylesheet() {
   const href = new URL("./carnator.css", import.meta.url).href;
@@ -80,10 +86,16 @@ function nodeById(id) {
   return graph?.getNodeById(id) ?? graph?.getNodeById(Number(id)) ?? null;
 }
 
-function linkById(graph, linkId) {
-  const links = graph.links;
-  if (!links) return null;
-  return typeof links.get === "function" ? links.get(linkId) : links[linkId];
+/** The nodes an output slot feeds. node.getOutputNodes() where the front end has it (1.58
+ * reports output.links as deprecated); the graph's link table otherwise. */
+function outputNodes(node, slot) {
+  if (typeof node.getOutputNodes === "function") return node.getOutputNodes(slot) ?? [];
+  const graph = node.graph ?? app.graph;
+  const links = graph?.links;
+  if (!links) return [];
+  const all = typeof links.values === "function" ? [...links.values()] : Object.values(links);
+  return all.filter((l) => l && l.origin_id === node.id && l.origin_slot === slot)
+    .map((l) => nodeById(l.target_id));
 }
 
 /** The status nodes a phase message concerns: the node itself or those it feeds. */
@@ -96,21 +108,31 @@ function statusNodesFrom(node) {
     if (!n || seen.has(n.id)) continue;
     seen.add(n.id);
     if (STATUS_NODES.has(n.comfyClass ?? n.type)) found.push(n);
-    for (const output of n.outputs ?? []) {
-      for (const linkId of output.links ?? []) {
-        const link = linkById(n.graph ?? app.graph, linkId);
-        if (link) queue.push(nodeById(link.target_id));
-      }
-    }
+    (n.outputs ?? []).forEach((_, slot) => queue.push(...outputNodes(n, slot)));
   }
   return found;
 }
 
 function redraw() {
   app.graph?.setDirtyCanvas(true, true);
+  syncHeaderBadges();
 }
 
 // ------------------------------------------------------------------ the status widget
+// Up to two pictures under the status: the request's own video ("this request", region M
+// outlined on a hit) and the entry it reused. Each is a frame strip served by the pack.
+function picture(role) {
+  const figure = document.createElement("figure");
+  figure.className = `carnator-status-picture carnator-${role}`;
+  figure.hidden = true;
+  const img = document.createElement("img");
+  img.alt = "";
+  img.dataset.role = role;
+  const caption = document.createElement("figcaption");
+  figure.append(img, caption);
+  return { figure, img, caption };
+}
+
 function statusWidget(node) {
   let widget = node.widgets?.find((w) => w.name === STATUS_WIDGET);
   if (widget) return widget;
@@ -121,31 +143,46 @@ function statusWidget(node) {
   head.className = "carnator-status-head";
   const detail = document.createElement("div");
   detail.className = "carnator-status-detail";
-  const figure = document.createElement("figure");
+  const figure = document.createElement("div");
   figure.className = "carnator-status-preview";
   figure.hidden = true;
-  const img = document.createElement("img");
-  img.alt = "";
-  const caption = document.createElement("figcaption");
-  figure.append(img, caption);
+  const pictures = { request: picture("request"), source: picture("source") };
+  figure.append(pictures.request.figure, pictures.source.figure);
   root.append(head, detail, figure);
+  const shown = () => Object.values(pictures).filter((p) => !p.figure.hidden).length;
 
   widget = node.addDOMWidget(STATUS_WIDGET, "carnator-status", root, {
     serialize: false, // never part of the saved workflow or of the prompt sent to the server
     hideOnZoom: false,
     getValue: () => root.dataset.carnatorText ?? "",
     setValue: () => {},
-    getMinHeight: () => (figure.hidden ? 64 : 170),
-    getMaxHeight: () => (figure.hidden ? 90 : 240),
+    getMinHeight: () => 64 + 95 * shown(),
+    getMaxHeight: () => 90 + 130 * shown(),
   });
   widget.serialize = false;
-  widget.carnator = { root, head, detail, figure, img, caption };
+  widget.carnator = { root, head, detail, figure, pictures, shown };
   // grow downwards only: a wider node would overlap its neighbours in a laid-out workflow
   node.setSize([Math.max(node.size[0], 240), Math.max(node.size[1], node.computeSize()[1])]);
   return widget;
 }
 
-function showStatus(node, { outcome, text, detail = "", previewId = null, caption = "", phase = "" }) {
+function setPicture(p, entryId, caption, withRegion = false) {
+  if (!entryId) {
+    p.figure.hidden = true;
+    p.img.removeAttribute("src");
+    delete p.img.dataset.entryId;
+    return;
+  }
+  p.img.src = previewUrl(entryId) + (withRegion ? "?region=1" : "");
+  p.img.alt = caption;
+  p.img.dataset.entryId = entryId;
+  p.caption.textContent = caption;
+  p.figure.hidden = false;
+}
+
+/** pictures: {request: [entryId, caption, withRegion], source: [entryId, caption]} or null
+ * (keep what is shown: a running request dims the previous result's pictures). */
+function showStatus(node, { outcome, text, detail = "", pictures = null, phase = "" }) {
   const w = statusWidget(node).carnator;
   w.root.dataset.carnatorOutcome = outcome;
   w.root.dataset.carnatorPhase = phase;
@@ -154,37 +191,45 @@ function showStatus(node, { outcome, text, detail = "", previewId = null, captio
   w.head.textContent = text;
   w.detail.textContent = detail;
   w.detail.title = detail;
-  const hadPreview = !w.figure.hidden;
-  if (previewId) {
-    w.img.src = previewUrl(previewId);
-    w.img.alt = caption;
-    w.img.dataset.entryId = previewId;
-    w.caption.textContent = caption;
-    w.figure.hidden = false;
-  } else if (outcome !== "running") {
-    w.figure.hidden = true;
-    w.img.removeAttribute("src");
+  const before = w.shown();
+  if (pictures || outcome !== "running") {
+    setPicture(w.pictures.request, ...(pictures?.request ?? []));
+    setPicture(w.pictures.source, ...(pictures?.source ?? []));
   }
-  node.carnatorBadge = { text: outcome === "running" ? phase : outcome.toUpperCase(), outcome };
-  if (hadPreview !== !w.figure.hidden) {
+  w.figure.hidden = w.shown() === 0;
+  node.carnatorBadge = outcome === "idle" ? null
+    : { text: outcome === "running" ? phase : outcome.toUpperCase(), outcome };
+  if (before !== w.shown()) {
     node.setSize([node.size[0], Math.max(node.size[1], node.computeSize()[1])]);
   }
   redraw();
 }
 
+function showIdle(node) {
+  showStatus(node, { outcome: "idle", text: IDLE_TEXT });
+}
+
 function showResult(node, summary) {
   const matched = summary.outcome === "miss" ? null : summary.entry_id;
-  const previewId = matched ?? summary.stored_id ?? null;
-  const caption = matched
-    ? `reused entry ${shortId(matched)}`
-    : previewId ? `stored as entry ${shortId(previewId)}` : "";
+  const own = summary.stored_id ?? null;
+  let pictures;
+  if (summary.outcome === "hit") {
+    const region = summary.region_fraction ? ` · region M outlined (${Math.round(summary.region_fraction * 100)}% recomputed)` : " · nothing recomputed (M empty)";
+    pictures = {
+      request: [own, own ? `this request (entry ${shortId(own)})${region}` : "", true],
+      source: [matched, `reused entry ${shortId(matched)}: resumed from its step ${summary.reuse_step}`],
+    };
+  } else if (summary.outcome === "exact") {
+    pictures = { source: [matched, `the stored result (entry ${shortId(matched)}), returned as it is`] };
+  } else {
+    pictures = { request: [own, own ? `this request, stored as entry ${shortId(own)}` : ""] };
+  }
   const extra = [detailLine(summary), summary.reason, ...(summary.messages ?? [])].filter(Boolean);
   showStatus(node, {
     outcome: summary.outcome,
     text: headline(summary),
     detail: extra.join(" · "),
-    previewId,
-    caption,
+    pictures,
   });
   node.carnatorResult = summary;
   node.carnatorPhase = null;
@@ -247,6 +292,42 @@ function drawBadge(node, ctx) {
   ctx.restore();
 }
 
+// ------------------------------------------------------------------ header badge (Vue nodes)
+/** The badge as a DOM element in a Vue node's header; nothing in the classic view (no header
+ * element there: the canvas badge above is drawn instead). */
+function syncHeaderBadge(node) {
+  const header = document.querySelector(`[data-testid="node-header-${node.id}"]`);
+  if (!header) return;
+  let el = header.querySelector(".carnator-badge");
+  const badge = node.carnatorBadge;
+  if (!badge) {
+    el?.remove();
+    return;
+  }
+  if (!el) {
+    el = document.createElement("span");
+    el.className = "carnator-badge";
+    const title = header.querySelector('[data-testid="node-title"]');
+    if (title?.parentElement) title.after(el);
+    else header.append(el);
+  }
+  if (el.textContent !== badge.text) el.textContent = badge.text;
+  el.dataset.carnatorBadge = badge.outcome;
+  el.dataset.carnatorBadgeNode = String(node.id);
+  el.style.background = OUTCOME_COLOR[badge.outcome] ?? OUTCOME_COLOR.running;
+}
+
+/** Vue re-renders a header now and then (title edits, collapse, a workflow reloaded) and
+ * drops foreign elements with it: put the badges back. */
+function syncHeaderBadges() {
+  for (const node of app.graph?.nodes ?? []) {
+    if (node.carnatorBadge || node.carnatorHadBadge) {
+      node.carnatorHadBadge = !!node.carnatorBadge;
+      syncHeaderBadge(node);
+    }
+  }
+}
+
 // ------------------------------------------------------------------ registration
 app.registerExtension({
   name: "carnator.frontend",
@@ -266,6 +347,7 @@ app.registerExtension({
     api.addEventListener("execution_error", () => clearPhases(true));
     api.addEventListener("execution_interrupted", () => clearPhases(true));
     registerCacheTab(app, api);
+    setInterval(syncHeaderBadges, 500);
   },
 
   async beforeRegisterNodeDef(nodeType, nodeData) {
@@ -277,6 +359,14 @@ app.registerExtension({
       return r;
     };
     if (!STATUS_NODES.has(nodeData.name)) return;
+    // when the node joins a graph: earlier (onNodeCreated) the classic view never mounts a DOM
+    // widget; later (the first result) the Vue view of 1.32 never shows it
+    const onAdded = nodeType.prototype.onAdded;
+    nodeType.prototype.onAdded = function (...args) {
+      const r = onAdded?.apply(this, args);
+      if (!this.widgets?.some((w) => w.name === STATUS_WIDGET)) showIdle(this);
+      return r;
+    };
     const onExecuted = nodeType.prototype.onExecuted;
     nodeType.prototype.onExecuted = function (message, ...rest) {
       const r = onExecuted?.call(this, message, ...rest);
