@@ -30,4 +30,5 @@ $PY bench/localization.py
 # the re-noised fill of M (bench/results/studies, measured with --fill-calls 0) against today's
 $PY bench/depth_studies.py --instances $R/studies/renoise_fill.*-of-6.jsonl \
     --fill $R/calibration_measurements.0-of-2.jsonl $R/calibration_measurements.1-of-2.jsonl
+$PY bench/guided_finish_study.py
 $PY bench/report.py
