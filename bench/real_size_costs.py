@@ -127,10 +127,10 @@ def heads_view(x, heads):
 
 
 class ShapeOnlyRun:
-    """The two things TrajectoryRecord asks of a run: the latent shape and a step's tokens."""
+    """What TrajectoryRecord asks of a run: the latent shape, the step count and a step's tokens."""
 
-    def __init__(self, latent_shape, tokens=None):
-        self.latent_shape, self.tokens = tuple(latent_shape), tokens
+    def __init__(self, latent_shape, tokens=None, steps=None):
+        self.latent_shape, self.tokens, self.steps = tuple(latent_shape), tokens, steps or STEPS
 
     def block_tokens(self, step):
         return self.tokens
