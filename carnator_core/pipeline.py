@@ -401,12 +401,10 @@ def _guided_finish(pr: ProbeResult, plan: Plan, notes: list[str]) -> GuidedFinis
     calls = plan.finish_calls
     if calls <= 0:
         return None
-    listed = guarded(pr.cache, "reading the stored x̂0", pr.cache.load_tensors, plan.entry_id,
-                     ["denoised_steps"]) or {}
-    steps = listed["denoised_steps"].tolist() if "denoised_steps" in listed else []
+    # one read: every step's name is asked for, the entry's file holds those it stored
+    steps = range(pr.run.steps)
     keys = [key for s in steps for key in latent_keys(f"denoised.{s}")]
-    tensors = (guarded(pr.cache, "reading the stored x̂0", pr.cache.load_tensors, plan.entry_id, keys)
-               if keys else None) or {}
+    tensors = guarded(pr.cache, "reading the stored x̂0", pr.cache.load_tensors, plan.entry_id, keys) or {}
     device = pr.record.last_x0.device
     stored = {s: loaded_latent(tensors, f"denoised.{s}", device) for s in steps
               if f"denoised.{s}" in tensors}
