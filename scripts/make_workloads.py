@@ -71,13 +71,13 @@ def _change_one(scene, rng):
     return s, attr
 
 
-def iterate(n_sessions=26, edits=8, seed=1001):
+def iterate(n_sessions=26, edits=8, seed=1001, first_seed=100_000):
     rng = random.Random(seed)
     lines = []
     for sess in range(n_sessions):
         n_obj = 1 if sess % 2 == 0 else 2
         scene = WD.random_scene(rng, n_obj)
-        req_seed = 100_000 + sess
+        req_seed = first_seed + sess
         prompt = WD.caption(scene, canonical=True)
         lines.append({"prompt": prompt, "seed": req_seed, "seed_policy": "same_seed",
                       "session": sess, "edit": "start"})
@@ -221,7 +221,8 @@ def drift(n_sessions=70, edits=9, seed=5005):
         + (["object_change", "colour_swap"] if len(scene["objects"]) == 2 else [])))
 
 
-def edit_chains(n_pairs=120, seed=3030, first_group=0, exclude=()):
+def edit_chains(n_pairs=120, seed=3030, first_group=0, exclude=(), lengths=(2, 3),
+                object_change_weight=1, kind_name="edit_chain", first_seed=600_000):
     """Pairs two or three of iterate's edits apart (flip, synonym, one-of-two object change):
     what an editing session offers once only the trajectories computed in full are reuse
     sources (the request a few edits back, not the previous hit)."""
@@ -231,8 +232,9 @@ def edit_chains(n_pairs=120, seed=3030, first_group=0, exclude=()):
         scene = WD.random_scene(rng, rng.choice((1, 2)))
         anchor = WD.caption(scene, canonical=True)
         prompt, kinds = anchor, []
-        for _ in range(rng.choice((2, 3))):
-            kind = rng.choice(["flip", "synonym"] + (["object_change"] if len(scene["objects"]) == 2 else []))
+        for _ in range(rng.choice(lengths)):
+            kind = rng.choice(["flip", "synonym"] + (["object_change"] * object_change_weight
+                                                     if len(scene["objects"]) == 2 else []))
             if kind == "synonym":
                 prompt = WD.caption(scene, rng)
             else:
@@ -241,12 +243,24 @@ def edit_chains(n_pairs=120, seed=3030, first_group=0, exclude=()):
             kinds.append(kind)
         if prompt == anchor or anchor in exclude or prompt in exclude:
             continue
-        req_seed = 600_000 + rng.randrange(100_000)
+        req_seed = first_seed + rng.randrange(100_000)
         for role, p in (("anchor", anchor), ("variant", prompt)):
             lines.append({"prompt": p, "seed": req_seed, "seed_policy": "same_seed", "group": group,
-                          "kind": "edit_chain", "edits": "+".join(kinds), "role": role})
+                          "kind": kind_name, "edits": "+".join(kinds), "role": role})
         group += 1
     return lines
+
+
+def session_pairs(n_pairs=160, first_group=0, exclude=()):
+    """Pairs one to eight of iterate's edits apart, the edits drawn as iterate draws them
+    (a one-of-two object change twice as often): in an editing session the reuse source is
+    the last request computed in full, often several edits back. Measured (issue 10): the
+    gate's budget broke on iterate (10% at α = 0.05) while it held on the calibration's
+    held-out pairs, whose chains were only two or three edits long; a guarantee holds on
+    traffic like the calibration's, so the calibration must contain such traffic."""
+    return edit_chains(n_pairs, seed=3090, first_group=first_group, exclude=exclude,
+                       lengths=tuple(range(1, 9)), object_change_weight=2,
+                       kind_name="session_chain", first_seed=800_000)
 
 
 def _pairs(kinds, n_pairs, seed, pair_seeds, request_seeds, first_group=0, exclude=()):
@@ -298,12 +312,18 @@ def main(argv=None):
     cal = calibration(exclude=held)
     cal += edit_chains(first_group=1 + max(x["group"] for x in cal), exclude=held)
     cal += paraphrase_pairs(first_group=1 + max(x["group"] for x in cal), exclude=held)
+    cal += session_pairs(first_group=1 + max(x["group"] for x in cal), exclude=held)
     assert not ({x["seed"] for x in cal} & {x["seed"] for x in it + sv + nv})
     write("iterate", it, a.out)
     write("serve", sv, a.out)
     write("novel", nv, a.out)
     write("calibration", cal, a.out)
     write("drift", drift(), a.out)
+    # iterate again on 52 other sessions and seeds: is a false-accept rate measured on
+    # iterate's 26 sessions (edits within a session are correlated) the gate's, or chance?
+    replicate = iterate(n_sessions=52, seed=1013, first_seed=1_300_000)
+    assert not {x["seed"] for x in replicate} & {x["seed"] for x in cal + it + sv + nv}
+    write("iterate_replicate", replicate, a.out)
 
 
 if __name__ == "__main__":
