@@ -40,6 +40,13 @@ def test_workload_files_shipped():
              for x in (REPO / "bench" / "workloads" / f"{n}.jsonl").read_text().splitlines()]
     assert not {x["prompt"] for x in cal} & {x["prompt"] for x in other}
     assert not {x["seed"] for x in cal} & {x["seed"] for x in other}
+    # editing-session pairs many edits apart are part of the calibration (issue 10: without
+    # them the budget broke on iterate), and the replicate of iterate shares no seed with it
+    chains = [x for x in cal if x["kind"] == "session_chain" and x["role"] == "variant"]
+    assert len(chains) >= 100 and max(len(x["edits"].split("+")) for x in chains) >= 6
+    replicate = [json.loads(x) for x in (REPO / "bench" / "workloads" / "iterate_replicate.jsonl")
+                 .read_text().splitlines()]
+    assert not {x["seed"] for x in replicate} & {x["seed"] for x in cal + other}
 
 
 def test_calibration_fit_save_load_and_gate_rule(tmp_path):
