@@ -2,7 +2,7 @@
 # Every tiny-world number in the README, measured on the committed model (not part of CI).
 # Two processes at a time (one per core): calibration in two shards, then the workloads,
 # then the localization check and the depth studies; bench/report.py prints the README tables.
-#   bash scripts/tinyworld_results.sh          # about 75 minutes on 2 cores (calibration ~35)
+#   bash scripts/tinyworld_results.sh          # about 2 hours on 2 cores (calibration ~50 min)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=.venv/bin/python
@@ -18,11 +18,13 @@ $PY bench/calibrate.py --cache out/tinyworld_cache \
     --instances $R/calibration_measurements.0-of-2.jsonl $R/calibration_measurements.1-of-2.jsonl
 COMMON="--records --no-plots --budgets 0.02 0.05 0.1"
 both "$PY bench/tinyworld.py iterate $COMMON --out out/tinyworld_iterate.json && \
+      $PY bench/tinyworld.py iterate_replicate $COMMON --no-sparse-system \
+        --out out/tinyworld_iterate_replicate.json && \
       $PY bench/tinyworld.py novel $COMMON --no-sparse-system --out out/tinyworld_novel.json" \
      "$PY bench/tinyworld.py serve $COMMON --easycache 0.02 0.05 0.2 --easycache-carnator 0.05 \
       --out out/tinyworld_serve.json"
 $PY bench/tinyworld.py --merge out/tinyworld_iterate.json out/tinyworld_serve.json out/tinyworld_novel.json \
-    --out $R/tinyworld.json
+    out/tinyworld_iterate_replicate.json --out $R/tinyworld.json
 both "$PY bench/tinyworld.py iterate --steps 30 --budgets 0.05 --no-sparse-system --records --no-plots --out out/tw30_iterate.json" \
      "$PY bench/tinyworld.py serve --steps 30 --budgets 0.05 --no-sparse-system --records --no-plots --out out/tw30_serve.json"
 $PY bench/tinyworld.py --merge out/tw30_iterate.json out/tw30_serve.json --out $R/tinyworld_n30.json --no-plots
