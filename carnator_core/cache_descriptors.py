@@ -219,12 +219,11 @@ def shortlist(source: DescriptorSource, index: str, class_key: str, query: np.nd
     by_block = {h.block: h for h in live_heads}
     for i in range(0, len(wanted), READ_BATCH):
         batch = wanted[i:i + READ_BATCH]
+        skips = dict(batch)
         for block, ids, vecs in source.rows_after(batch):
-            h = by_block[block]
-            skip = dict(batch)[block]
-            base = held.get(block, EMPTY) if skip else EMPTY
+            base = held.get(block, EMPTY) if skips[block] else EMPTY
             packed = base.extended(ids, vecs)
-            top.add(packed, _alive(h), q)
+            top.add(packed, _alive(by_block[block]), q)
             cache.keep(index, class_key, block, packed, read=packed.n - base.n)
     return top.result(), comparable
 
