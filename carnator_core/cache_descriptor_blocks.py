@@ -19,8 +19,10 @@ write lock; PostgreSQL's totals row lock), so the open block has one appender at
 
 Compaction: a sealed block at most half alive is rewritten into the open block by the next
 store of its class (``BLOCK_ROWS // 2`` rows at most, in the same transaction), and a block
-with nothing alive is deleted by the trigger, so a class holds at most about twice as many
-slots as live entries plus one open block — lookups never scan mostly-dead blocks for long.
+with nothing alive is deleted by the trigger. A cache at capacity evicts about one entry per
+store, so one compaction per store keeps pace and lookups do not scan mostly-dead blocks
+for long; deletes with no store after them leave sparse blocks that are still correct, only
+scanned (their dead slots are masked).
 """
 from __future__ import annotations
 
