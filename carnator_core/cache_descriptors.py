@@ -98,9 +98,16 @@ class Packed:
     def nbytes(self) -> int:
         return len(self.ids) + self.vecs.nbytes + 200  # + object overhead, roughly
 
-    def extended(self, ids: str, vecs: bytes) -> "Packed":
+    def extended(self, ids: str, vecs) -> "Packed":
+        """These rows and more; a view of ``vecs`` when there were none (no copy)."""
         more = np.frombuffer(vecs, np.int8).reshape(-1, COMPACT_DIM)
+        if self.n == 0:
+            return Packed(len(more), ids, more)
         return Packed(self.n + len(more), self.ids + ids, np.concatenate([self.vecs, more]))
+
+    def owned(self) -> "Packed":
+        """A copy that does not keep a whole read batch alive (what the cache keeps)."""
+        return Packed(self.n, self.ids, self.vecs.copy())
 
 
 EMPTY = Packed(0, "", np.zeros((0, COMPACT_DIM), np.int8))
@@ -150,7 +157,7 @@ class BlockCache:
             old = self._blocks.pop((index, class_key, block), None)
             self.bytes -= old.nbytes if old else 0
             if self.bytes + packed.nbytes <= self.budget:
-                self._blocks[(index, class_key, block)] = packed
+                self._blocks[(index, class_key, block)] = packed.owned()
                 self.bytes += packed.nbytes
 
     def forget(self, index: str | None = None) -> None:

@@ -40,8 +40,8 @@ from .cache_descriptor_blocks import POSTGRES, drop_all
 from .cache_descriptors import shortlist
 from .cache_files import (CacheError, EntryDamaged, EntryUnreadable, kill_point,
                           pause_point, read_entry_from, valid_entry_id)
-from .cache_pg_schema import (COLUMNS, SCHEMA, UTILITY_ORDER, PgDescriptorSource, migrate,
-                              put_entries, redact)
+from .cache_pg_schema import (COLUMNS, SCHEMA, UTILITY_ORDER, PgDescriptorSource,
+                              fetch_one_and_free, migrate, put_entries, redact)
 
 log = logging.getLogger("carnator")
 CONNECT_TIMEOUT_S = 5
@@ -204,7 +204,7 @@ class PostgresCache:
             cur.execute("SELECT array_agg(id ORDER BY id), string_agg(signature, ''::bytea ORDER "
                         "BY id) FROM carnator_signatures WHERE id = ANY(%s) AND "
                         "octet_length(signature) = %s", [ids, 4 * query.size], binary=True)
-            sig_ids, blob = cur.fetchone()
+            sig_ids, blob = fetch_one_and_free(cur)
         # another signature layout is not comparable (filtered by length above)
         matrix = np.frombuffer(blob or b"", np.float32).reshape(-1, query.size)
         sims = dict(zip(sig_ids or [], (matrix @ query).tolist()))
@@ -250,7 +250,7 @@ class PostgresCache:
             blob = _BlobFile(cur, entry_id, self.state) if names is not None else None
             if blob is None:
                 cur.execute("SELECT data FROM carnator_blobs WHERE id = %s", [entry_id])
-                blob = io.BytesIO(bytes(cur.fetchone()[0]))
+                blob = io.BytesIO(bytes(fetch_one_and_free(cur)[0]))
                 self.state.blob_bytes_read += found[1]
             try:
                 _, tensors, _ = read_entry_from(blob, found[1], Path(f"{entry_id}.safetensors"),

@@ -157,14 +157,34 @@ class PgDescriptorSource:
         return [BlockHead(*r) for r in self.cur.fetchall()]
 
     def rows_after(self, wanted: list[tuple[int, int]]):
-        """One query per batch; binary results: bytea arrives as bytes, not hex text."""
+        """One query per batch, its rows concatenated server-side into one ids string and
+        one bytea (binary: not hex text): two buffers per batch instead of two values and
+        two copies per block, which left the worker's heap fragmented (as cache_pg.lookup's
+        signatures did)."""
         blocks, skips = [b for b, _ in wanted], [s for _, s in wanted]
         self.cur.execute(
-            f"SELECT d.block, substr(d.ids, r.skip * {ID_CHARS} + 1), "
-            f"substr(d.vecs, r.skip * {COMPACT_DIM} + 1) FROM unnest(%s::bigint[], %s::int[]) "
-            "AS r(block, skip) JOIN carnator_descriptor_data d ON d.block = r.block",
+            f"SELECT array_agg(d.block ORDER BY r.ord), array_agg(octet_length(d.vecs) / "
+            f"{COMPACT_DIM} - r.skip ORDER BY r.ord), string_agg(substr(d.ids, r.skip * {ID_CHARS} "
+            f"+ 1), '' ORDER BY r.ord), string_agg(substr(d.vecs, r.skip * {COMPACT_DIM} + 1), "
+            "''::bytea ORDER BY r.ord) FROM unnest(%s::bigint[], %s::int[]) WITH ORDINALITY AS "
+            "r(block, skip, ord) JOIN carnator_descriptor_data d ON d.block = r.block",
             [blocks, skips], binary=True)
-        return [(b, i, bytes(v)) for b, i, v in self.cur.fetchall()]
+        got, counts, ids, vecs = fetch_one_and_free(self.cur)
+        vecs, at = memoryview(vecs or b""), 0
+        for block, count in zip(got or [], counts or []):
+            yield (block, ids[at * ID_CHARS:(at + count) * ID_CHARS],
+                   vecs[at * COMPACT_DIM:(at + count) * COMPACT_DIM])
+            at += count
+
+
+def fetch_one_and_free(cur) -> tuple:
+    """The row, its result freed now: psycopg's per-query adapters form a reference cycle
+    that keeps the last result alive until the garbage collector runs, and a worker doing
+    lookups left tens of MB of finished 1–3 MB results waiting for it."""
+    row = cur.fetchone()
+    if cur.pgresult is not None:
+        cur.pgresult.clear()
+    return row
 
 
 def redact(url: str) -> str:
