@@ -150,6 +150,7 @@ def run_one(backend: str, n: int, where: str, answers: str) -> dict:
         queries, kinds, exact_arg, exact_best = a["queries"], list(a["kinds"]), a["exact_arg"], a["exact_best"]
         fill_s = float(a["fill_s"])
     q = len(queries)
+    load_start = os.getloadavg()[0]  # the machine is shared: say how busy it was
     cache = open_backend(backend, where, n * ENTRY_BYTES)  # at capacity: each store evicts
     rss_open = psutil.Process().memory_info().rss
     t0 = time.perf_counter()
@@ -190,6 +191,7 @@ def run_one(backend: str, n: int, where: str, answers: str) -> dict:
             "store_p99_ms": round(float(np.percentile(store_ms, 99)), 2),
             "rss_mb": round(psutil.Process().memory_info().rss / 2**20, 1),
             "rss_open_mb": round(rss_open / 2**20, 1),
+            "load_avg_1min": [round(load_start, 2), round(os.getloadavg()[0], 2)],
             "cold_lookup_ms": round(cold_ms, 1), "fill_s": round(fill_s, 1),
             "queries": q, "top1_recall": round(sum(hit) / q, 4),
             **{f"top1_recall_{k}": round(sum(h for h, kk in zip(hit, kinds) if kk == k)
