@@ -83,8 +83,8 @@ def _append(ex: Execute, d: Dialect, class_key: str, width: int,
              "WHERE block = ?"), [len(take), len(take), "1" * len(take), block])
         ex(q(f"UPDATE {{p}}descriptor_data SET ids = ids || ?, vecs = {d.concat_blob} "
              "WHERE block = ?"), [ids, b"".join(v for _, v in take), block])
-        # one statement for all slots: a compaction moves up to 128 (a round trip each on
-        # PostgreSQL made that store ten times slower than the others)
+        # one statement for all slots: a compaction moves up to 128 rows, and on PostgreSQL
+        # each statement is a round trip
         values = ", ".join(["(?, ?, ?)"] * len(take))
         ex(q(f"INSERT INTO {{p}}descriptor_slots (id, block, slot) VALUES {values} ON CONFLICT "
              "(id) DO UPDATE SET block = excluded.block, slot = excluded.slot"),
