@@ -7,8 +7,13 @@ Entries are SYNTHETIC: index rows plus full signatures of the tiny world's real 
 (12,288 float32 = 49 KB: 16 x̂0 channels and 32 feature channels on a 4×8×8 tile grid),
 drawn around scene centres whose popularity is Zipf-distributed (a few scenes with
 thousands of entries, many with a handful). They have no tensor files: lookup never reads
-those. Each size runs in its own process (so ``rss_mb`` is comparable), through the same
-entry point a request uses (``cache_backend.open_cache`` then ``lookup``).
+those. Each size runs in its own processes: one fills the cache and computes the exhaustive
+answers, a second one *serves* (lookups and stores, through the same entry point a request
+uses: ``cache_backend.open_cache`` then ``lookup``) and reports its own memory, so
+``rss_mb`` is what a worker serving a cache of that size holds, not what filling it left
+behind (before this split the fill's 100 MB signature chunks stayed in the same heap).
+``rss_open_mb`` is the same process after importing and opening the cache, before the
+first lookup; on PostgreSQL it is the worker's (client's) memory, not the server's.
 
 Two query kinds, 50/50: *repeat* (a stored entry plus small noise: a paraphrase, the
 candidate the gate should get) and *fresh* (a new point of a popular scene: many nearly
@@ -121,17 +126,33 @@ def open_backend(backend: str, where: str, capacity: int):
     return open_cache(where, capacity)
 
 
-def run_one(backend: str, n: int, q: int, where: str) -> dict:
-    import psutil
-    import torch
+def fill_one(backend: str, n: int, q: int, where: str, answers: str) -> None:
+    """The filling process: every entry, and each query's exhaustive answer."""
     world = World(n)
     queries, kinds = world.queries(q)
-    capacity = 1 << 50
-    cache = open_backend(backend, where, capacity)
+    cache = open_backend(backend, where, 1 << 50)
     t0 = time.perf_counter()
     exact_arg, exact_best = fill(cache, world, queries)
-    fill_s = time.perf_counter() - t0
+    if backend == "sqlite":
+        # an empty placeholder per entry: a fresh process's first open counts the files
+        # against the rows and would drop rows without one as lost (lookup never reads them)
+        for i in range(n):
+            (cache.tensor_dir / f"{uuid.UUID(int=i + 1).hex}.safetensors").touch()
+    np.savez(answers, queries=queries, kinds=np.array(kinds), exact_arg=exact_arg,
+             exact_best=exact_best, fill_s=time.perf_counter() - t0)
+
+
+def run_one(backend: str, n: int, where: str, answers: str) -> dict:
+    """The serving process: lookups and stores on the filled cache, and its memory."""
+    import psutil
+    import torch
+    with np.load(answers) as a:
+        queries, kinds, exact_arg, exact_best = a["queries"], list(a["kinds"]), a["exact_arg"], a["exact_best"]
+        fill_s = float(a["fill_s"])
+    q = len(queries)
+    load_start = os.getloadavg()[0]  # the machine is shared: say how busy it was
     cache = open_backend(backend, where, n * ENTRY_BYTES)  # at capacity: each store evicts
+    rss_open = psutil.Process().memory_info().rss
     t0 = time.perf_counter()
     cache.lookup(CLASS, torch.from_numpy(queries[0]), 3)
     cold_ms = (time.perf_counter() - t0) * 1e3
@@ -161,7 +182,7 @@ def run_one(backend: str, n: int, q: int, where: str) -> dict:
         c.lookup(CLASS, torch.from_numpy(queries[i % q]), 3)
         churn_ms.append((time.perf_counter() - t0) * 1e3)
     all_ms = lookup_ms + churn_ms
-    del world, queries, exact_arg, exact_best  # the benchmark's own data is not the cache's
+    del queries, exact_arg, exact_best  # the benchmark's own data is not the cache's
     gc.collect()
     return {"backend": backend, "entries": n, "classes": 1,
             "p50_ms": round(float(np.percentile(all_ms, 50)), 2),
@@ -169,6 +190,8 @@ def run_one(backend: str, n: int, q: int, where: str) -> dict:
             "store_ms": round(statistics.median(store_ms), 2),
             "store_p99_ms": round(float(np.percentile(store_ms, 99)), 2),
             "rss_mb": round(psutil.Process().memory_info().rss / 2**20, 1),
+            "rss_open_mb": round(rss_open / 2**20, 1),
+            "load_avg_1min": [round(load_start, 2), round(os.getloadavg()[0], 2)],
             "cold_lookup_ms": round(cold_ms, 1), "fill_s": round(fill_s, 1),
             "queries": q, "top1_recall": round(sum(hit) / q, 4),
             **{f"top1_recall_{k}": round(sum(h for h, kk in zip(hit, kinds) if kk == k)
@@ -183,11 +206,16 @@ def main() -> None:
     ap.add_argument("--backends", nargs="+", default=["sqlite", "postgresql"])
     ap.add_argument("--queries", type=int, default=200)
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "lookup_scale.json"))
-    ap.add_argument("--one", nargs=3, metavar=("BACKEND", "N", "WHERE"), help=argparse.SUPPRESS)
+    ap.add_argument("--fill", nargs=4, metavar=("BACKEND", "N", "WHERE", "NPZ"), help=argparse.SUPPRESS)
+    ap.add_argument("--one", nargs=4, metavar=("BACKEND", "N", "WHERE", "NPZ"), help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.fill:
+        backend, n, where, answers = args.fill
+        fill_one(backend, int(n), args.queries, where, answers)
+        return
     if args.one:
-        backend, n, where = args.one
-        print(json.dumps(run_one(backend, int(n), args.queries, where)))
+        backend, n, where, answers = args.one
+        print(json.dumps(run_one(backend, int(n), where, answers)))
         return
     rows = []
     from pg_cluster import pg_bin
@@ -198,12 +226,14 @@ def main() -> None:
         for n in args.sizes:
             with tempfile.TemporaryDirectory(prefix="carnator-scale-") as tmp:
                 with location(backend, Path(tmp)) as where:
-                    out = subprocess.run([sys.executable, __file__, "--one", backend, str(n), where,
-                                          "--queries", str(args.queries)],
-                                         capture_output=True, text=True, env=ONE_THREAD)
-                    if out.returncode != 0:
-                        print(out.stderr[-3000:], file=sys.stderr)
-                        raise SystemExit(f"{backend} at {n} entries failed")
+                    answers = str(Path(tmp) / "answers.npz")
+                    for step in ("--fill", "--one"):  # fill, then serve in a fresh process
+                        out = subprocess.run([sys.executable, __file__, step, backend, str(n), where,
+                                              answers, "--queries", str(args.queries)],
+                                             capture_output=True, text=True, env=ONE_THREAD)
+                        if out.returncode != 0:
+                            print(out.stderr[-3000:], file=sys.stderr)
+                            raise SystemExit(f"{backend} at {n} entries failed ({step})")
                     row = json.loads(out.stdout.strip().splitlines()[-1])
             rows.append(row)
             print(f"{row['backend']:>10} {row['entries']:>7} entries: lookup p50 {row['p50_ms']:7.2f} ms "

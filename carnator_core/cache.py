@@ -2,8 +2,8 @@
 
 Layout of a cache folder::
 
-    carnator.sqlite              index: entries, signatures, compact descriptors, totals,
-                                 request log, removal log, settings (cache_index.py)
+    carnator.sqlite              index: entries, signatures, compact descriptor blocks,
+                                 totals, request log, removal log, settings (cache_index.py)
     tensors/<id>.safetensors     snapshots x_k, final latent, signature maps (+ checksums)
     tensors/<id>.usage.json      pins and hit counts, so a rebuilt index keeps them
     quarantine/                  damaged files moved aside (never silently deleted)
@@ -21,9 +21,11 @@ What the cache promises, and how (tests/test_cache_faults.py checks each under k
   quarantine anything: the entry stays and the request runs without it.
 - Entry ids are random hex generated here; a file path is only ever built from an id that
   fully matches ``ENTRY_ID_RE`` — never from user input. Nothing is ever pickled.
-- It stays fast when full (issue 14): lookup ranks in-memory compact descriptors and reads
-  only a short list's signatures; sizes are counters; eviction walks an index. Requests
-  open it through cache_backend.open_cache, which checks a folder once per process.
+- It stays fast when full (issue 14): lookup scans compact descriptors packed in blocks
+  in the index (a fixed-size cache of them per process: memory does not grow with the
+  number of entries) and reads only a short list's signatures; sizes are counters;
+  eviction walks an index. Requests open it through cache_backend.open_cache, which checks
+  a folder once per process.
 
 The PostgreSQL backend (cache_pg.py) offers the same methods for a farm of workers.
 """
@@ -48,26 +50,22 @@ from safetensors.torch import save_file
 from .cache_files import (ENTRY_ID_RE, CacheError, EntryDamaged, EntryUnreadable,  # noqa: F401
                           FolderLock, kill_point, read_entry, usage_path, valid_entry_id,
                           write_usage)
-from .cache_descriptors import DescriptorIndex
+from .cache_descriptor_blocks import SQLITE, drop_all
+from .cache_descriptors import shortlist
 from .cache_entry import (DEFAULT_CAPACITY_BYTES, ENTRY_COLUMNS, LOG_ROWS_KEPT,  # noqa: F401
                           Candidate, LookupResult, StoredEntry, _entries, no_candidates, prepare_entry,
                           row_problem)
 from .cache_index import (UTILITY_ORDER, SqliteDescriptorSource, checked, file_identity,
-                          forget_checked, put_entry, totals)
+                          forget_checked, put_entries, put_entry, totals)
 from .cache_repair import IndexRepair
 
 log = logging.getLogger("carnator")
 
 DB_NAME = "carnator.sqlite"
-SCHEMA_VERSION = 3  # 3: signatures and compact descriptors apart from the rows (issue 14)
+# 3: signatures and compact descriptors apart from the rows (issue 14)
+# 4: descriptors packed in blocks in the index, not a matrix per process (issue 14, memory)
+SCHEMA_VERSION = 4
 EVICT_BATCH = 256  # victims read per query: eviction walks the utility index, never scans
-
-# one in-memory descriptor matrix per index file and process, shared by every request
-_descriptor_indexes: dict[str, DescriptorIndex] = {}
-
-
-def descriptor_index(db_path: Path) -> DescriptorIndex:
-    return _descriptor_indexes.setdefault(str(db_path), DescriptorIndex())
 
 
 class TrajectoryCache(IndexRepair):
@@ -206,15 +204,15 @@ class TrajectoryCache(IndexRepair):
         reuse source: its snapshots carry that entry's trajectory and its own reuse error,
         which its signature does not describe (chained reuse broke the risk budget).
 
-        Reads only what ranking needs: the class's compact descriptors (kept in memory,
-        refreshed incrementally), then the full signatures of a short list, re-ranked by
-        exact cosine (cache_descriptors.py)."""
+        Reads only what ranking needs: the class's compact descriptor blocks (scanned in
+        bounded batches; a fixed-size cache per process), then the full signatures of a
+        short list, re-ranked by exact cosine (cache_descriptors.py)."""
         query = signature.detach().float().reshape(-1).cpu()
         with self._db() as db:
-            db.execute("BEGIN")  # one snapshot: descriptors and removals agree
+            db.execute("BEGIN")  # one snapshot: block heads, packed rows and entries agree
             try:
-                ids, comparable = descriptor_index(self.db_path).shortlist(
-                    SqliteDescriptorSource(db), class_key, query.numpy(), query.numel())
+                ids, comparable = shortlist(SqliteDescriptorSource(db), str(self.db_path),
+                                            class_key, query.numpy(), query.numel())
                 rows = self._shortlisted_rows(db, ids)
                 if not ids:
                     return self._no_candidates(db, class_key)
@@ -380,8 +378,7 @@ class TrajectoryCache(IndexRepair):
         files written: the benchmarks' bulk fill, and the migration command once it has
         put each entry's file in place (cache_migrate.py)."""
         with self.lock(), self._write() as db:
-            for row in rows:
-                put_entry(db, row)
+            put_entries(db, rows)
         return len(rows)
 
     def _write_file(self, final: Path, payload: dict, metadata: dict[str, str]) -> bool:
@@ -498,6 +495,7 @@ class TrajectoryCache(IndexRepair):
         """Every entry, pinned ones too, plus orphaned and temporary files."""
         with self.lock(exclusive=True):
             with self._write() as db:
+                drop_all(db.execute, SQLITE)  # not a block rewrite per deleted row
                 n = db.execute("DELETE FROM entries").rowcount
                 self._log_removal(db, "*", "cleared")
             self._sweep_files(keep=set(), everything=True)

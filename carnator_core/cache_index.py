@@ -5,15 +5,19 @@ Since issue 14 an entry's index row is small and fixed-size; what is large lives
     entries      one row per entry: keys, sizes, usage, pins (no signature: it made every
                  row span overflow pages, and every scan of ``bytes`` walk them)
     signatures   id → the full global signature (read only for a lookup's shortlist)
-    descriptors  seq, id, class → compact descriptor (cache_descriptors.py); only for
-                 entries computed in full, the only reuse sources
-    gone         seq, id of every removed entry (trimmed), so each process's in-memory
-                 descriptor matrix can follow removals incrementally
+    descriptor_blocks, descriptor_data, descriptor_slots
+                 int8 compact descriptors packed in blocks per class
+                 (cache_descriptor_blocks.py); only for entries computed in full, the only
+                 reuse sources. Lookup scans them; no process holds them all in memory
     totals       one row: entry count and bytes, kept by triggers in the same transaction
                  as each insert and delete — capacity checks never scan
 
-Triggers keep ``totals``, ``signatures``, ``descriptors`` and ``gone`` right whoever
+Triggers keep ``totals``, ``signatures`` and the descriptors' alive masks right whoever
 deletes a row (eviction, repair, another process, a person with the sqlite3 shell).
+
+Schema 4 (memory flat in the number of entries) replaced schema 3's one-row-per-entry
+``descriptors`` table (float32, read into a per-process matrix) and its ``gone`` log; a
+schema-3 index is migrated in place on first open (``_move_descriptors_into_blocks``).
 """
 from __future__ import annotations
 
@@ -23,9 +27,8 @@ from typing import Any
 
 import numpy as np
 
-from .cache_descriptors import compact_bytes
-
-GONE_KEPT = 100_000  # removal-log rows kept for processes catching up
+from .cache_descriptor_blocks import SQLITE, add_descriptors
+from .cache_descriptors import COMPACT_DIM, ID_CHARS, BlockHead, quantized, quantized_compact
 
 # the eviction order, written exactly as the expression index so SQLite walks the index
 UTILITY_EXPR = "((steps_saved + 1.0) * (hits + 1.0) / max(bytes, 1))"
@@ -33,10 +36,15 @@ UTILITY_ORDER = f"{UTILITY_EXPR} ASC, last_used ASC"
 
 SCHEMA_SQL = [
     "CREATE TABLE IF NOT EXISTS signatures (id TEXT PRIMARY KEY, signature BLOB)",
-    "CREATE TABLE IF NOT EXISTS descriptors (seq INTEGER PRIMARY KEY AUTOINCREMENT, "
-    "id TEXT NOT NULL UNIQUE, class_key TEXT NOT NULL, width INTEGER, vec BLOB)",
-    "CREATE INDEX IF NOT EXISTS descriptors_class ON descriptors (class_key, seq)",
-    "CREATE TABLE IF NOT EXISTS gone (seq INTEGER PRIMARY KEY AUTOINCREMENT, id TEXT)",
+    # AUTOINCREMENT: a block number is never reused, so a process's cached block stays its
+    "CREATE TABLE IF NOT EXISTS descriptor_blocks (block INTEGER PRIMARY KEY AUTOINCREMENT, "
+    "class_key TEXT NOT NULL, width INTEGER NOT NULL, n INTEGER NOT NULL, live INTEGER NOT NULL, "
+    "alive TEXT NOT NULL)",
+    "CREATE INDEX IF NOT EXISTS descriptor_blocks_class ON descriptor_blocks (class_key, width, n)",
+    "CREATE TABLE IF NOT EXISTS descriptor_data (block INTEGER PRIMARY KEY, ids TEXT NOT NULL, "
+    "vecs BLOB NOT NULL)",
+    "CREATE TABLE IF NOT EXISTS descriptor_slots (id TEXT PRIMARY KEY, block INTEGER NOT NULL, "
+    "slot INTEGER NOT NULL) WITHOUT ROWID",
     "CREATE TABLE IF NOT EXISTS totals (k INTEGER PRIMARY KEY CHECK (k = 0), n INTEGER, "
     "bytes INTEGER)",
     f"CREATE INDEX IF NOT EXISTS entries_utility ON entries (pinned, {UTILITY_EXPR}, last_used)",
@@ -48,9 +56,15 @@ SCHEMA_SQL = [
     "CREATE TRIGGER IF NOT EXISTS entries_removed AFTER DELETE ON entries BEGIN "
     "UPDATE totals SET n = n - 1, bytes = bytes - coalesce(old.bytes, 0); "
     "DELETE FROM signatures WHERE id = old.id; "
-    "DELETE FROM descriptors WHERE id = old.id; "
-    "INSERT INTO gone (id) VALUES (old.id); "
-    f"DELETE FROM gone WHERE seq <= (SELECT max(seq) FROM gone) - {GONE_KEPT}; END",
+    # the removed entry's slot becomes '0' in its block's alive mask; an empty block goes
+    "UPDATE descriptor_blocks SET live = live - 1, alive = substr(alive, 1, s.slot) || '0' || "
+    "substr(alive, s.slot + 2) FROM (SELECT block, slot FROM descriptor_slots WHERE id = old.id) "
+    "AS s WHERE descriptor_blocks.block = s.block; "
+    "DELETE FROM descriptor_data WHERE block = (SELECT s.block FROM descriptor_slots s JOIN "
+    "descriptor_blocks b ON b.block = s.block WHERE s.id = old.id AND b.live = 0); "
+    "DELETE FROM descriptor_blocks WHERE live = 0 AND block = "
+    "(SELECT block FROM descriptor_slots WHERE id = old.id); "
+    "DELETE FROM descriptor_slots WHERE id = old.id; END",
 ]
 
 
@@ -73,50 +87,87 @@ def create_index_tables(db) -> None:
         # id, structure and finite values, but their bytes are unverified
         db.execute("ALTER TABLE entries ADD COLUMN checksum TEXT")
     fresh_totals = "totals" not in tables
+    if "descriptors" in tables:  # schema 3: its delete trigger wrote the tables dropped here
+        db.execute("DROP TRIGGER IF EXISTS entries_removed")
     for sql in SCHEMA_SQL:
         db.execute(sql)
+    if "descriptors" in tables:
+        _move_descriptors_into_blocks(db)
     if "signature" in db["entries"].columns_dict:
         _move_signatures_out(db)
     if fresh_totals:
         n, size = db.execute("SELECT count(*), coalesce(sum(bytes), 0) FROM entries").fetchone()
         db.execute("INSERT INTO totals (k, n, bytes) VALUES (0, ?, ?)", [n, size])
-    if db.execute("SELECT 1 FROM meta WHERE key = 'index_uid'").fetchone() is None:
-        db.execute("INSERT INTO meta (key, value) VALUES ('index_uid', ?)", [uuid.uuid4().hex])
+    # new block tables number blocks from 1 again: no process may keep a block it cached
+    if "descriptor_blocks" not in tables or db.execute(
+            "SELECT 1 FROM meta WHERE key = 'index_uid'").fetchone() is None:
+        db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('index_uid', ?)",
+                   [uuid.uuid4().hex])
 
 
 def _move_signatures_out(db) -> None:
     """A v1/v2 index kept the signature in each entries row: move it to its own tables
     (once, under the exclusive lock), then drop the column."""
     cur = db.execute("SELECT id, class_key, source_entry, signature FROM entries")
+    descriptors = []
     for entry_id, class_key, source, sig in cur.fetchall():
-        put_signature(db, {"id": entry_id, "class_key": class_key, "source_entry": source}, sig)
+        row = {"id": entry_id, "class_key": class_key, "source_entry": source}
+        put_signature(db, row, sig)
+        descriptors.append(descriptor_of(row, sig))
+    add_descriptors(db.execute, SQLITE, [d for d in descriptors if d is not None])
     db.execute("ALTER TABLE entries DROP COLUMN signature")
 
 
+def _move_descriptors_into_blocks(db) -> None:
+    """A schema-3 index kept one float32 descriptor row per entry (and a removal log for
+    the in-memory matrices): pack them into blocks, in insertion order, then drop both."""
+    rows = db.execute("SELECT d.id, d.class_key, d.width, d.vec FROM descriptors d JOIN entries "
+                      "e ON e.id = d.id ORDER BY d.seq").fetchall()
+    add_descriptors(db.execute, SQLITE, [(i, c, w, quantized_compact(np.frombuffer(v, np.float32)))
+                                         for i, c, w, v in rows if v and len(v) % 4 == 0])
+    db.execute("DROP TABLE descriptors")
+    db.execute("DROP TABLE IF EXISTS gone")
+
+
 def put_signature(db, row: dict[str, Any], signature: bytes | None) -> None:
-    """The signature and (for reuse sources) the compact descriptor of a row just inserted."""
-    if not isinstance(signature, bytes):
-        return
-    db.execute("INSERT OR REPLACE INTO signatures (id, signature) VALUES (?, ?)",
-               [row["id"], signature])
-    if reusable(row) and signature and len(signature) % 4 == 0:
-        vec = np.frombuffer(signature, dtype=np.float32)
-        db.execute("INSERT OR REPLACE INTO descriptors (id, class_key, width, vec) "
-                   "VALUES (?, ?, ?, ?)", [row["id"], row["class_key"], vec.size,
-                                           compact_bytes(vec)])
+    """The signature of a row just inserted (its descriptor: ``descriptor_of``)."""
+    if isinstance(signature, bytes):
+        db.execute("INSERT OR REPLACE INTO signatures (id, signature) VALUES (?, ?)",
+                   [row["id"], signature])
+
+
+def descriptor_of(row: dict[str, Any], signature) -> tuple[str, str, int, bytes] | None:
+    """The block row of a reuse source's compact descriptor (None for other rows)."""
+    if not isinstance(signature, (bytes, bytearray, memoryview)) or not reusable(row):
+        return None
+    signature = bytes(signature)
+    if not signature or len(signature) % 4:
+        return None
+    vec = np.frombuffer(signature, dtype=np.float32)
+    return row["id"], row["class_key"], vec.size, quantized(vec)
+
+
+def put_entries(db, rows: list[dict[str, Any]]) -> None:
+    """Inside a write transaction: insert or replace entry rows with their signatures and
+    descriptors (appended to their blocks once per call: a bulk import does not rewrite a
+    block per row). The delete is explicit (not INSERT OR REPLACE) so the triggers see it."""
+    descriptors = []
+    for row in rows:
+        signature = row.get("signature")
+        db.execute("DELETE FROM entries WHERE id = ?", [row["id"]])
+        db["entries"].insert({k: v for k, v in row.items() if k != "signature"}, pk="id")
+        put_signature(db, row, signature)
+        descriptors.append(descriptor_of(row, signature))
+    add_descriptors(db.execute, SQLITE, [d for d in descriptors if d is not None])
 
 
 def put_entry(db, row: dict[str, Any]) -> None:
-    """Inside a write transaction: insert or replace an entry row with its signature.
-    The delete is explicit (not INSERT OR REPLACE) so the triggers see it."""
-    signature = row.get("signature")
-    db.execute("DELETE FROM entries WHERE id = ?", [row["id"]])
-    db["entries"].insert({k: v for k, v in row.items() if k != "signature"}, pk="id")
-    put_signature(db, row, signature)
+    put_entries(db, [row])
 
 
 class SqliteDescriptorSource:
-    """``DescriptorSource`` over one open connection (cache_descriptors.py)."""
+    """``DescriptorSource`` over one open connection inside a read transaction
+    (cache_descriptors.py)."""
 
     def __init__(self, db):
         self.db = db
@@ -125,18 +176,17 @@ class SqliteDescriptorSource:
         row = self.db.execute("SELECT value FROM meta WHERE key = 'index_uid'").fetchone()
         return row[0] if row else ""
 
-    def descriptors_after(self, class_key: str, seq: int):
-        return self.db.execute("SELECT seq, id, vec, width FROM descriptors WHERE class_key = ? "
-                               "AND seq > ? ORDER BY seq", [class_key, seq]).fetchall()
+    def heads(self, class_key: str) -> list[BlockHead]:
+        return [BlockHead(*r) for r in self.db.execute(
+            "SELECT block, width, n, live, alive FROM descriptor_blocks WHERE class_key = ?",
+            [class_key])]
 
-    def gone_after(self, seq: int):
-        gone = self.db.execute("SELECT seq, id FROM gone WHERE seq > ? ORDER BY seq",
-                               [seq]).fetchall()
-        lowest = self.db.execute("SELECT min(seq) FROM gone").fetchone()[0] or 0
-        return gone, lowest
-
-    def gone_tail(self) -> int:
-        return self.db.execute("SELECT max(seq) FROM gone").fetchone()[0] or 0
+    def rows_after(self, wanted: list[tuple[int, int]]):
+        values = ", ".join(["(?, ?)"] * len(wanted))
+        return self.db.execute(
+            f"WITH r(block, skip) AS (VALUES {values}) SELECT d.block, "
+            f"substr(d.ids, r.skip * {ID_CHARS} + 1), substr(d.vecs, r.skip * {COMPACT_DIM} + 1) "
+            "FROM r JOIN descriptor_data d ON d.block = r.block", [x for w in wanted for x in w])
 
 
 def totals(db) -> tuple[int, int]:

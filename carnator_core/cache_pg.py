@@ -11,9 +11,10 @@ Same interface and promises as the SQLite cache (cache.py), settled by the datab
   storing or evicting transaction; victims are chosen along the utility index with
   ``FOR UPDATE SKIP LOCKED`` and deleted only if still unpinned, so a pin set by another
   worker is never evicted.
-- Lookup ranks the class's compact descriptors in memory (cache_descriptors.py), refreshed
-  by ``seq``; descriptor and removal sequence numbers are drawn while the totals row is
-  locked, so they become visible in order.
+- Lookup scans the class's compact descriptor blocks (cache_descriptors.py) in one
+  REPEATABLE READ snapshot, with a fixed-size block cache per worker: a worker's memory
+  does not grow with the number of entries. Blocks are appended to and tombstoned while the
+  totals row is locked, so writers never race on a block.
 - Losing the server is a ``CacheError`` (the request runs as a miss with the message); the
   next operation reconnects by itself.
 
@@ -35,10 +36,12 @@ import torch
 
 from .cache_entry import (ENTRY_COLUMNS, LOG_ROWS_KEPT, Candidate, LookupResult, StoredEntry,
                           _entries, no_candidates, prepare_entry, row_problem)
-from .cache_descriptors import DescriptorIndex
+from .cache_descriptor_blocks import POSTGRES, drop_all
+from .cache_descriptors import shortlist
 from .cache_files import (CacheError, EntryDamaged, EntryUnreadable, kill_point,
                           pause_point, read_entry_from, valid_entry_id)
-from .cache_pg_schema import COLUMNS, SCHEMA, UTILITY_ORDER, PgDescriptorSource, redact
+from .cache_pg_schema import (COLUMNS, SCHEMA, UTILITY_ORDER, PgDescriptorSource,
+                              fetch_one_and_free, migrate, put_entries, redact)
 
 log = logging.getLogger("carnator")
 CONNECT_TIMEOUT_S = 5
@@ -50,11 +53,10 @@ _shared_lock = threading.Lock()
 
 
 class PgState:
-    """Per process and URL: one connection (reconnected on loss) and the descriptors."""
+    """Per process and URL: one connection (reconnected on loss)."""
 
     def __init__(self, url: str):
         self.url, self.conn, self.lock = url, None, threading.RLock()
-        self.descriptors = DescriptorIndex()
         self.schema_ready = False
         self.capacity_written: int | None = None  # what this process last recorded
         self.last_used = 0.0
@@ -130,6 +132,7 @@ class PostgresCache:
                     cur.execute("SELECT pg_advisory_xact_lock(74218)")  # one creator at a time
                     for sql in SCHEMA:
                         cur.execute(sql)
+                    migrate(cur)
                 st.schema_ready = True
         return st.conn
 
@@ -183,31 +186,40 @@ class PostgresCache:
         return StoredEntry(rows[0]) if rows else None
 
     def lookup(self, class_key: str, signature: torch.Tensor, top_k: int = 3) -> LookupResult:
-        """As TrajectoryCache.lookup: compact descriptors in memory, then exact cosine of
-        the short list's full signatures."""
+        """As TrajectoryCache.lookup: a scan of the class's compact descriptor blocks, then
+        exact cosine of the short list's full signatures."""
         query = signature.detach().float().reshape(-1).cpu().numpy()
         pause_point("pg.lookup")  # tests: the database goes away in the middle of a request
         with self._tx() as cur:
             cur.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")  # one snapshot
-            ids, comparable = self.state.descriptors.shortlist(
-                PgDescriptorSource(cur), class_key, query, query.size)
+            ids, comparable = shortlist(PgDescriptorSource(cur), self.state.url, class_key,
+                                        query, query.size)
             if not ids:
                 return self._no_candidates(cur, class_key)
-            cur.execute(f"SELECT {COLUMNS}, s.signature FROM carnator_entries e JOIN "
-                        "carnator_signatures s USING (id) WHERE e.id = ANY(%s)", [ids])
+            cur.execute(f"SELECT {COLUMNS} FROM carnator_entries e WHERE e.id = ANY(%s)", [ids])
             rows = self._rows(cur)
-        usable = []
-        for row in rows:
-            row["signature"] = bytes(row["signature"] or b"")
-            if row_problem(row) is None and len(row["signature"]) == 4 * query.size:
-                usable.append(StoredEntry(row))
+            # the short list's signatures as ONE value, its result freed at once: one 3 MB
+            # buffer per lookup instead of 64 values and 64 copies of 49 KB (hex text before)
+            # kept alive until the garbage collector ran (fetch_one_and_free)
+            cur.execute("SELECT array_agg(id ORDER BY id), string_agg(signature, ''::bytea ORDER "
+                        "BY id) FROM carnator_signatures WHERE id = ANY(%s) AND "
+                        "octet_length(signature) = %s", [ids, 4 * query.size], binary=True)
+            sig_ids, blob = fetch_one_and_free(cur)
+        # another signature layout is not comparable (filtered by length above)
+        matrix = np.frombuffer(blob or b"", np.float32).reshape(-1, query.size)
+        sims = dict(zip(sig_ids or [], (matrix @ query).tolist()))
+        at = {entry_id: k for k, entry_id in enumerate(sig_ids or [])}
+        scored = []
+        for row in sorted((r for r in rows if r["id"] in sims), key=lambda r: -sims[r["id"]]):
+            row["signature"] = matrix[at[row["id"]]].tobytes()  # only rows it keeps carry one
+            if row_problem(row) is None:
+                scored.append(Candidate(StoredEntry(row), sims[row["id"]]))
+                if len(scored) == top_k:
+                    break
             else:
                 self._report(f"index row of cache entry {row['id']} is malformed; skipped")
-        if not usable:
+        if not scored:
             return LookupResult([], "no comparable entries (signature layout differs)")
-        sims = np.stack([np.frombuffer(e.row["signature"], np.float32) for e in usable]) @ query
-        scored = sorted((Candidate(e, float(s)) for e, s in zip(usable, sims)),
-                        key=lambda c: c.similarity, reverse=True)
         return LookupResult(scored[:top_k], f"{_entries(comparable)} in this class, best "
                             f"similarity {scored[0].similarity:.3f}")
 
@@ -238,7 +250,7 @@ class PostgresCache:
             blob = _BlobFile(cur, entry_id, self.state) if names is not None else None
             if blob is None:
                 cur.execute("SELECT data FROM carnator_blobs WHERE id = %s", [entry_id])
-                blob = io.BytesIO(bytes(cur.fetchone()[0]))
+                blob = io.BytesIO(bytes(fetch_one_and_free(cur)[0]))
                 self.state.blob_bytes_read += found[1]
             try:
                 _, tensors, _ = read_entry_from(blob, found[1], Path(f"{entry_id}.safetensors"),
@@ -299,7 +311,7 @@ class PostgresCache:
         row["bytes"] = len(data)
         with self._tx() as cur:
             cur.execute("SELECT bytes FROM carnator_totals WHERE k = 0 FOR UPDATE")
-            self.put_entry(cur, row, data)
+            put_entries(cur, [row], {row["id"]: data})
             victims = self._choose_victims(cur, exclude=entry_id)
             if victims is None:
                 cur.execute("DELETE FROM carnator_entries WHERE id = %s", [entry_id])
@@ -315,18 +327,11 @@ class PostgresCache:
                      self.capacity_bytes / 1e6)
         return entry_id
 
-    @staticmethod
-    def put_entry(cur, row: dict[str, Any], data: bytes | None) -> None:
-        """Insert (or replace) one entry with its signature, descriptor and blob."""
-        from .cache_pg_schema import put_entry
-        put_entry(cur, row, data)
-
     def import_rows(self, rows: list[dict[str, Any]], blobs: dict[str, bytes] | None = None) -> int:
         """Bulk insert (migration, benchmarks): rows with ``signature`` bytes, and blobs."""
         with self._tx() as cur:
             cur.execute("SELECT bytes FROM carnator_totals WHERE k = 0 FOR UPDATE")
-            for row in rows:
-                self.put_entry(cur, row, (blobs or {}).get(row["id"]))
+            put_entries(cur, rows, blobs or {})
         return len(rows)
 
     def _choose_victims(self, cur, exclude: str | None = None) -> list[str] | None:
@@ -398,6 +403,7 @@ class PostgresCache:
     def clear(self) -> int:
         with self._tx() as cur:
             cur.execute("SELECT 1 FROM carnator_totals WHERE k = 0 FOR UPDATE")
+            drop_all(cur.execute, POSTGRES)  # not a block update per deleted row
             cur.execute("DELETE FROM carnator_entries")
             n = cur.rowcount
             self._log_removal(cur, "*", "cleared")

@@ -113,7 +113,8 @@ class IndexRepair:
             if state["needs_schema"]:
                 return state
             columns = db["entries"].columns_dict
-            if "checksum" not in columns or "signature" in columns or "totals" not in tables:
+            if ("checksum" not in columns or "signature" in columns or "totals" not in tables
+                    or "descriptor_blocks" not in tables):
                 state["needs_schema"] = True  # an older schema: migrated in place
                 return state
             state["rows"] = totals(db)[0]  # kept by triggers: no scan

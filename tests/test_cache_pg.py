@@ -100,3 +100,53 @@ def test_postgresql_reads_only_the_tensors_asked_for(cluster):
     assert cache.load_tensors(entry_id, ["snapshot.9"]) is None
     assert any(entry_id in m and "quarantined" in m for m in cache.reports), cache.reports
     assert open_cache(url, 1 << 30).get(entry_id) is None
+
+
+def test_postgresql_lookup_holds_a_fixed_budget_and_migrates_the_previous_layout(cluster, monkeypatch):
+    """Lookup scans the class's descriptor blocks from the database: the worker holds at
+    most its block budget (one block here) whatever the entries, ranking stays exhaustive,
+    a delete leaves ranking at once; a database of the previous layout (one descriptor row
+    per entry) is packed into blocks on the first connection."""
+    import numpy as np
+    import psycopg
+
+    from carnator_core.cache_descriptors import BLOCK_ROWS, BLOCKS, Packed, compact
+    from test_cache_scale import WIDTH, clustered
+    budget = Packed(BLOCK_ROWS, "0" * 32 * BLOCK_ROWS, np.zeros((BLOCK_ROWS, 128), np.int8)).nbytes
+    monkeypatch.setattr(BLOCKS, "budget", budget)
+    BLOCKS.forget()
+    url = cluster.url("blocks")
+    cache = open_cache(url, 1 << 40)
+    sigs = clustered(700, seed=4)
+    ids = [f"{i + 1:032x}" for i in range(len(sigs))]
+    cache.import_rows([{"id": i, "class_key": CLASS_KEY, "exact_key": i, "bytes": 1000,
+                        "created": 0.0, "last_used": 0.0, "hits": 0, "steps_saved": 0.0,
+                        "pinned": 0, "signature": s.numpy().tobytes()} for i, s in zip(ids, sigs)])
+
+    def ranks_exhaustively(skip=()):
+        for i in range(0, len(sigs), 70):
+            q = torch.nn.functional.normalize(sigs[i] + 0.3 * torch.randn(WIDTH) / WIDTH ** 0.5, dim=0)
+            best = [j for j in (sigs @ q).argsort(descending=True).tolist() if ids[j] not in skip][0]
+            assert cache.lookup(CLASS_KEY, q, 1).candidates[0].entry.id == ids[best]
+    ranks_exhaustively()
+    assert BLOCKS.bytes <= budget and BLOCKS.rows_held() <= BLOCK_ROWS
+    assert cache.delete(ids[70])
+    ranks_exhaustively(skip={ids[70]})
+
+    with psycopg.connect(url, autocommit=True) as conn:  # back to the previous layout
+        for t in ("blocks", "data", "slots"):
+            conn.execute(f"DROP TABLE carnator_descriptor_{t}")
+        conn.execute("CREATE TABLE carnator_descriptors (seq bigserial PRIMARY KEY, id text NOT NULL "
+                     "UNIQUE, class_key text NOT NULL, width integer, vec bytea)")
+        conn.execute("CREATE TABLE carnator_gone (seq bigserial PRIMARY KEY, id text)")
+        with conn.cursor() as cur:
+            cur.executemany("INSERT INTO carnator_descriptors (id, class_key, width, vec) VALUES "
+                            "(%s, %s, %s, %s)", [(i, CLASS_KEY, WIDTH, compact(s.numpy()).tobytes())
+                                                 for i, s in zip(ids, sigs) if i != ids[70]])
+    cache.state.schema_ready = False  # as a worker of the new version starting
+    cache._drop_connection()
+    ranks_exhaustively(skip={ids[70]})
+    with psycopg.connect(url) as conn:
+        assert conn.execute("SELECT to_regclass('carnator_descriptors'), to_regclass('carnator_gone')"
+                            ).fetchone() == (None, None)
+        assert conn.execute("SELECT sum(live) FROM carnator_descriptor_blocks").fetchone() == (699,)
