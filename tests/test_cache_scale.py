@@ -106,12 +106,17 @@ def test_totals_are_counters_and_eviction_walks_the_utility_index(tmp_path):
         assert "entries" not in stats_plan
 
 
-def test_a_version_2_index_is_migrated_in_place(tmp_path):
-    """Signatures used to sit in each entries row: the first open moves them out."""
+def filled_cache(tmp_path, n: int):
+    """(folder, cache, signatures, ids): a cache of ``n`` clustered entries, to age by hand."""
     folder = tmp_path / "c"
     cache = TrajectoryCache(folder, 1 << 30)
-    sigs = clustered(4)
-    ids = fill(cache, sigs)
+    sigs = clustered(n)
+    return folder, cache, sigs, fill(cache, sigs)
+
+
+def test_a_version_2_index_is_migrated_in_place(tmp_path):
+    """Signatures used to sit in each entries row: the first open moves them out."""
+    folder, cache, sigs, ids = filled_cache(tmp_path, 4)
     with sqlite3.connect(cache.db_path) as db:  # rebuild the v2 layout by hand
         db.execute("ALTER TABLE entries ADD COLUMN signature BLOB")
         for i, s in zip(ids, sigs):
@@ -144,10 +149,7 @@ V3_SQL = [
 def test_a_version_3_index_is_migrated_in_place(tmp_path):
     """Schema 3 kept one float32 descriptor row per entry: the first open packs them into
     blocks, drops the old tables and its trigger, and deletes then tombstone as they should."""
-    folder = tmp_path / "c"
-    cache = TrajectoryCache(folder, 1 << 30)
-    sigs = clustered(6)
-    ids = fill(cache, sigs)
+    folder, cache, sigs, ids = filled_cache(tmp_path, 6)
     with sqlite3.connect(cache.db_path) as db:  # rebuild the v3 layout by hand
         db.execute("DROP TRIGGER entries_removed")
         for t in ("descriptor_blocks", "descriptor_data", "descriptor_slots"):
