@@ -223,9 +223,10 @@ def drift(n_sessions=70, edits=9, seed=5005):
 
 def edit_chains(n_pairs=120, seed=3030, first_group=0, exclude=(), lengths=(2, 3),
                 object_change_weight=1, kind_name="edit_chain", first_seed=600_000):
-    """Pairs two or three of iterate's edits apart (flip, synonym, one-of-two object change):
-    what an editing session offers once only the trajectories computed in full are reuse
-    sources (the request a few edits back, not the previous hit)."""
+    """Pairs ``lengths`` of iterate's edits apart (flip, synonym, one-of-two object change,
+    the last weighted by ``object_change_weight``): what an editing session offers once only
+    the trajectories computed in full are reuse sources (the request a few edits back, not
+    the previous hit). The defaults are the calibration's first chains: two or three edits."""
     rng = random.Random(seed)
     lines, group = [], first_group
     while group < first_group + n_pairs:
