@@ -47,8 +47,8 @@ def base_prompts() -> list[str]:
 
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--pairs", type=int, default=480,
-                    help="pairs to measure: 3/4 single edits, 1/4 chains of edits (prompt_pairs.derived_pairs)")
+    ap.add_argument("--pairs", type=int, default=720,
+                    help="pairs to measure: 1/2 single edits, 1/4 chains of 2–3 edits, 1/4 sessions of 1–8 (prompt_pairs.derived_pairs)")
     ap.add_argument("--seed", type=int, default=700_000, help="pair i runs with seed + i")
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--cfg", type=float, default=4.0)
@@ -103,7 +103,7 @@ def main(argv=None) -> dict:
                                  decode=world.video, include_audits=False, on_pair=on_pair)
     report["seconds_fit"] = round(time.time() - t0, 1)
     report["base_prompts"] = "builtin" if a.builtin_prompts else "calibration.jsonl anchors"
-    report["pair_kinds"] = {k: sum(p["kind"] == k for p in pairs) for k in PP.KINDS + ("chain",)}
+    report["pair_kinds"] = {k: sum(p["kind"] == k for p in pairs) for k in PP.KINDS + PP.MULTI_STEP}
     shutil.copy(os.path.join(cache, "calibration", f"{fp}.json"), os.path.join(a.out, f"{fp}.json"))
     with open(os.path.join(a.out, "report.json"), "w") as f:
         json.dump(report, f, indent=1)

@@ -64,9 +64,15 @@ EXTRA_OBJECTS = ("a {c} ball bounces in the top right", "a {c} bird flies to the
 
 KINDS = ("paraphrase", "colour", "mirror", "left_right", "motion", "speed", "add_object",
          "remove_object", "unrelated")
-# An editing session reuses the last request computed in full, often a few edits back:
-# "chain" applies two or three of these in a row (``pairs(kinds=("chain",))``).
+MULTI_STEP = ("chain", "session")
+# An editing session reuses the last request computed in full, often several edits back:
+# "chain" applies two or three of these in a row (``pairs(kinds=("chain",))``); "session"
+# one to eight, drawn with replacement and with removals, as a long session drifts. Measured
+# on the tiny world (issue 10): a gate calibrated on chains of two or three edits broke its
+# budget on editing sessions, whose reuse sources were up to eight edits back.
 CHAIN_STEPS = ("paraphrase", "colour", "mirror", "left_right", "motion", "speed", "add_object")
+SESSION_STEPS = CHAIN_STEPS + ("remove_object",)
+SESSION_LENGTHS = tuple(range(1, 9))
 
 WORD = re.compile(r"[A-Za-z]+")
 
@@ -128,8 +134,12 @@ def edit(prompt: str, kind: str, rng: random.Random, others: list[str] = ()) -> 
         out = prompt
         for step in rng.sample(CHAIN_STEPS, rng.choice((2, 3))):
             out = edit(out, step, rng, others) or out
+    elif kind == "session":
+        out = prompt
+        for _ in range(rng.choice(SESSION_LENGTHS)):
+            out = edit(out, rng.choice(SESSION_STEPS), rng, others) or out
     else:
-        raise ValueError(f"unknown pair kind {kind!r} (known: {', '.join(KINDS + ('chain',))})")
+        raise ValueError(f"unknown pair kind {kind!r} (known: {', '.join(KINDS + MULTI_STEP)})")
     return out if out and out != prompt else None
 
 
@@ -160,13 +170,15 @@ def pairs(base_prompts: list[str] | tuple[str, ...] = BUILTIN_PROMPTS, n: int = 
 
 
 def derived_pairs(base_prompts, n: int, seed: int = 0) -> list[dict]:
-    """What a calibration measures: three quarters single edits of every kind, one quarter
-    chains of edits (what an editing session offers), numbered in that order."""
-    chains = n // 4
-    out = pairs(base_prompts, n - chains, seed=seed)
-    if chains:
-        out += [{**p, "group": len(out) + i}
-                for i, p in enumerate(pairs(base_prompts, chains, ("chain",), seed=seed + 1))]
+    """What a calibration measures: half single edits of every kind, a quarter chains of two
+    or three edits, a quarter editing-session chains of one to eight (what an editing
+    session offers), numbered in that order."""
+    chains = sessions = n // 4
+    out = pairs(base_prompts, n - chains - sessions, seed=seed)
+    for kind, count, offset in (("chain", chains, 1), ("session", sessions, 2)):
+        if count:
+            out += [{**p, "group": len(out) + i}
+                    for i, p in enumerate(pairs(base_prompts, count, (kind,), seed=seed + offset))]
     return out
 
 

@@ -37,6 +37,13 @@ def test_prompt_pairs_apply_each_operator_and_keep_given_pairs():
     changed = [sum(x != y for x, y in zip(p["a"].split(), p["b"].split())) + abs(len(p["a"].split()) - len(p["b"].split()))
                for p in chains]
     assert all(c >= 1 for c in changed) and sum(c >= 2 for c in changed) >= 9  # edits in a row
+    derived = prompt_pairs.derived_pairs(prompt_pairs.BUILTIN_PROMPTS, 40, seed=4)
+    assert [p["group"] for p in derived] == list(range(40))
+    kinds = [p["kind"] for p in derived]
+    assert kinds.count("chain") == kinds.count("session") == 10 and kinds[-10:] == ["session"] * 10
+    # sessions drift further than two or three edits: some pairs differ in many words
+    sessions = [p for p in derived if p["kind"] == "session"]
+    assert max(len(set(p["b"].split()) ^ set(p["a"].split())) for p in sessions) >= 8
     with pytest.raises(ValueError, match="base prompts"):
         prompt_pairs.pairs(["zzz"], n=20, kinds=("colour",))
 
