@@ -313,10 +313,8 @@ def write(name, lines, out):
     print(f"{path}: {len(lines)} requests")
 
 
-def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default=OUT)
-    a = ap.parse_args(argv)
+def workloads() -> dict:
+    """Every committed workload, name -> lines, in the order they are written."""
     it, sv, nv = iterate(), serve(), novel()
     held = {x["prompt"] for x in it + sv + nv}
     cal = calibration(exclude=held)
@@ -324,16 +322,20 @@ def main(argv=None):
     cal += paraphrase_pairs(first_group=1 + max(x["group"] for x in cal), exclude=held)
     cal += session_pairs(first_group=1 + max(x["group"] for x in cal), exclude=held)
     assert not ({x["seed"] for x in cal} & {x["seed"] for x in it + sv + nv})
-    write("iterate", it, a.out)
-    write("serve", sv, a.out)
-    write("novel", nv, a.out)
-    write("calibration", cal, a.out)
-    write("drift", drift(), a.out)
     # iterate again on 52 other sessions and seeds: is a false-accept rate measured on
     # iterate's 26 sessions (edits within a session are correlated) the gate's, or chance?
     replicate = iterate(n_sessions=52, seed=1013, first_seed=1_300_000)
     assert not {x["seed"] for x in replicate} & {x["seed"] for x in cal + it + sv + nv}
-    write("iterate_replicate", replicate, a.out)
+    return {"iterate": it, "serve": sv, "novel": nv, "calibration": cal, "drift": drift(),
+            "iterate_replicate": replicate}
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default=OUT)
+    a = ap.parse_args(argv)
+    for name, lines in workloads().items():
+        write(name, lines, a.out)
 
 
 if __name__ == "__main__":
