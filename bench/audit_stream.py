@@ -64,7 +64,7 @@ def serve(world, lines, refs, budget, rm_path, audit_rate, psnr_bound, workdir) 
                                  settings, {"folder": folder, "capacity_bytes": 1 << 30},
                                  seed_policy=refs[i]["policy"], label=ln["prompt"], vae=vae)
         v = world.video(samples)
-        q, ok = psnr(v, refs[i]["video"]), check_ok(v, ln["prompt"])
+        q, ok = psnr(v, refs[i]["video"]), check_ok(v, ln["scene"])
         rec = {"i": i, "edit": ln.get("edit"), "outcome": s.outcome, "reuse_step": s.reuse_step,
                "steps_computed": s.steps_computed, "steps_total": s.steps_total, "psnr": q,
                "false_accept": int(s.outcome == "hit" and (q < psnr_bound or (refs[i]["ok"] and not ok))),

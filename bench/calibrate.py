@@ -11,7 +11,7 @@ then *actually reuses* the candidate at every stored depth k the gate may choose
 candidate's x_k outside the region M, the request's own re-noised probe x̂0 inside it, as
 ``pipeline._start_from_candidate`` does — and finishes the request. The reuse is labelled
 "exceeds tolerance" when its PSNR against the request's own full computation is below
---psnr-bound or the checker disagrees with the prompt where the full computation agrees.
+--psnr-bound or the checker disagrees with the line's scene where the full computation agrees.
 
 The fitted ``RiskModel`` is saved where the gate loads it, ``<cache>/calibration/<model
 fingerprint>.json`` (``--cache``, default ComfyUI's Carnator cache folder), with a copy in
@@ -67,14 +67,14 @@ def measure_pairs(world, lines: list[dict], settings, psnr_bound: float, region_
         for ln in members[:2]:
             policy = ln.get("seed_policy", "same_seed")
             r = world.full(ln["prompt"], int(ln["seed"]), policy, snaps, p)
-            r["ok"] = check_ok(r["video"], ln["prompt"])
+            r["ok"] = check_ok(r["video"], ln["scene"])
             r["policy"] = policy
             full.append(r)
         for (a, la), (b, lb) in (((full[1], members[1]), (full[0], members[0])),
                                  ((full[0], members[0]), (full[1], members[1]))):
             def outcome(final, a=a, la=la) -> dict:  # request a (prompt la) reuses candidate b
                 v = world.video(final)
-                q, ok = psnr(v, a["video"]), check_ok(v, la["prompt"])
+                q, ok = psnr(v, a["video"]), check_ok(v, la["scene"])
                 return {"psnr": q, "ok": ok, "ok_reference": a["ok"],
                         "label": CAL.exceeds_tolerance(q, a["ok"], ok, psnr_bound)}
             inst = measure_direction(a["full"], b["full"], lambda a=a, la=la: world.new_run(

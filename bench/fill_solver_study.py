@@ -15,14 +15,14 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path[:0] = [REPO + "/tests", REPO, REPO + "/bench"]
 import calibrate as C
 C._load_bench()
-from bench_tw import World, DEFAULT_MODEL, check_ok, psnr
+from bench_tw import World, DEFAULT_MODEL, check_ok, load_workload, psnr
 from carnator_core.gate import GateSettings, RiskModel, evidence_class
 from carnator_core.pipeline import ReuseSettings
 from carnator_core import calibration as CAL
 world = World(DEFAULT_MODEL, steps=20, cfg=4.0, threads=1)
 from carnator_core import comfy_adapter as CA
 from carnator_core.self_calibration import measure_direction
-L = [json.loads(l) for l in open(f"{REPO}/bench/workloads/calibration.jsonl")]
+_, L = load_workload("calibration")
 groups = collections.defaultdict(list)
 for l in L: groups[l["group"]].append(l)
 kinds = ["partial", "edit_chain", "session_chain", "incompatible_close"]
@@ -46,13 +46,13 @@ for g in pick:
     a_l, b_l = groups[g][1], groups[g][0]  # variant reuses anchor
     settings = ReuseSettings(probe_fraction=0.1, gate=GateSettings())
     p = settings.probe_steps(20); snaps = settings.snapshot_steps(20)
-    fa = world.full(a_l["prompt"], int(a_l["seed"]), "same_seed", snaps, p); fa["ok"] = check_ok(fa["video"], a_l["prompt"])
+    fa = world.full(a_l["prompt"], int(a_l["seed"]), "same_seed", snaps, p); fa["ok"] = check_ok(fa["video"], a_l["scene"])
     fb = world.full(b_l["prompt"], int(b_l["seed"]), "same_seed", snaps, p)
     for sampler, calls in variants:
         CA.ComfyRun.jump = make_jump(sampler)
         settings.region_fill_calls = calls
         def outcome(final):
-            v = world.video(final); q = psnr(v, fa["video"]); ok = check_ok(v, a_l["prompt"])
+            v = world.video(final); q = psnr(v, fa["video"]); ok = check_ok(v, a_l["scene"])
             return {"psnr": q, "ok": ok, "label": CAL.exceeds_tolerance(q, fa["ok"], ok, 30.0)}
         inst = measure_direction(fa["full"], fb["full"], lambda: world.new_run(a_l["prompt"], int(a_l["seed"]), "same_seed"),
                                  settings, RiskModel().region_threshold, outcome)

@@ -61,10 +61,10 @@ def iou(a: torch.Tensor, b: torch.Tensor) -> float | None:
     return (a & b).sum().item() / union if union else None
 
 
-def world_masks(prompt_a: str, prompt_b: str) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """(changed object's mask in either version, unchanged object's mask), (T, H, W) bool."""
+def world_masks(sa: dict, sb: dict) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """(changed object's mask in either version, unchanged object's mask), (T, H, W) bool,
+    from two workload lines' scenes."""
     from tinyworld import world as WD
-    sa, sb = WD.parse_caption(prompt_a), WD.parse_caption(prompt_b)
     if len(sa["objects"]) != 2 or len(sb["objects"]) != 2:
         return None
     by_pos_b = {o["position"]: o for o in sb["objects"]}
@@ -130,7 +130,7 @@ def run(world, pairs, budget: float, risk_model_path: str | None, workdir: str) 
         vb = world.full(b["prompt"], seed, policy)["video"]
         observed = tile_mask((va - vb).abs().amax(0) > DIFF_THRESHOLD, grid)
         row["iou_observed"] = iou(region, observed)
-        masks = world_masks(a["prompt"], b["prompt"])
+        masks = world_masks(a["scene"], b["scene"])
         if masks is not None:
             changed, kept = (tile_mask(m, grid) for m in masks)
             row["iou_world"] = iou(region, changed)

@@ -27,7 +27,7 @@ model by default), so time ratios are comparable (DESIGN.md §4):
 
 Metrics (DESIGN.md §4), per system: hit_rate (accepted reuses incl. exact repeats / all),
 false_accept_rate (accepted reuses whose result misses tolerance: PSNR vs the reference
-below --psnr-bound, or the checker disagreeing with the prompt where the reference agrees),
+below --psnr-bound, or the checker disagreeing with the line's scene where the reference agrees),
 hit_speedup and workload_speedup (wall-time ratios to the reference), miss_overhead (extra
 time on misses), psnr_hits_mean / ssim_hits_mean (gate hits, exact repeats excluded),
 checker_accuracy / checker_accuracy_full (all attributes right, system vs reference), plus
@@ -65,11 +65,34 @@ NOISE_POOL = 4  # ComfyRun's shared_noise pool
 
 # ------------------------------------------------------------------ shared helpers
 def load_workload(name_or_path: str, limit: int | None = None) -> tuple[str, list[dict]]:
+    """A workload's lines; each must carry its ``scene``, the ground truth it is judged by."""
     path = name_or_path if os.path.isfile(name_or_path) else os.path.join(WORKLOADS, f"{name_or_path}.jsonl")
     name = os.path.splitext(os.path.basename(path))[0]
+    lines = []
     with open(path) as f:
-        lines = [json.loads(line) for line in f if line.strip()]
+        for number, text in enumerate(f, 1):
+            if text.strip():
+                lines.append(json.loads(text))
+                require_scene(lines[-1], path, number)
     return name, lines[:limit] if limit else lines
+
+
+def require_scene(line: dict, path: str, number: int) -> None:
+    """Refuse a line without a valid scene: reading one back from the prompt could judge the
+    request against a scene it never asked for (issue 13)."""
+    from tinyworld import world as WD
+    values = {"shape": WD.SHAPES, "colour": WD.COLOURS, "position": WD.POSITIONS, "motion": WD.MOTIONS}
+    scene = line.get("scene")
+    objects = scene.get("objects") if isinstance(scene, dict) else None
+    if objects and all(isinstance(o, dict) and all(o.get(a) in values[a] for a in WD.ATTRIBUTES)
+                       for o in objects):
+        return
+    what = "has no \"scene\"" if scene is None else f"has a scene that is not a tiny-world scene ({scene!r})"
+    raise ValueError(
+        f"{path} line {number} {what}: the benchmark judges each request by the scene its line "
+        'carries ({"objects": [{shape, colour, position, motion}, …]}), never by reading the prompt. '
+        "Regenerate the committed workloads with `python scripts/make_workloads.py`; give each line "
+        "of a workload of your own its scene.")
 
 
 def psnr(a: torch.Tensor, b: torch.Tensor, cap: float = 100.0) -> float:
@@ -160,10 +183,14 @@ class World:
 ATTRS = ("shape", "colour", "position", "motion", "count")
 
 
-def check_ok(video: torch.Tensor, prompt: str, attrs: dict | None = None) -> bool:
-    """Checker verdict (all attributes right); per-attribute agreement into ``attrs``."""
+def check_ok(video: torch.Tensor, scene: dict, attrs: dict | None = None) -> bool:
+    """Checker verdict against a workload line's scene (all attributes right); per-attribute
+    agreement into ``attrs``."""
     from tinyworld import checker as CH
-    res = CH.check(video, prompt)
+    if not isinstance(scene, dict):
+        raise TypeError(f"check_ok takes a workload line's scene, not {type(scene).__name__}: "
+                        "the benchmark never parses prompts")
+    res = CH.check(video, scene)
     if attrs is not None:
         attrs.update({a: float(res[a]) for a in ATTRS})
     return bool(res["all"] >= 1.0)
@@ -177,10 +204,10 @@ def workload_psnr(recs: list[dict]) -> float | None:
     return 100.0 if mse <= 1e-10 else 10 * math.log10(1.0 / mse)
 
 
-def same_scene(prompt_a: str, prompt_b: str) -> bool:
-    """Do two prompts describe the same scene (paraphrases, repeats)?"""
+def same_scene(scene_a: dict, scene_b: dict) -> bool:
+    """Do two workload lines' scenes agree (paraphrases, repeats), whatever their prose?"""
     from tinyworld import world as WD
-    return WD.scene_key(WD.parse_caption(prompt_a)) == WD.scene_key(WD.parse_caption(prompt_b))
+    return WD.scene_key(scene_a) == WD.scene_key(scene_b)
 
 
 def metrics(recs: list[dict], psnr_bound: float) -> dict:
@@ -249,7 +276,7 @@ def run_reference(world: World, lines: list[dict], snapshot_steps, probe_steps) 
         policy = ln.get("seed_policy", "same_seed")
         r = world.full(ln["prompt"], int(ln["seed"]), policy, snapshot_steps, probe_steps)
         r["attrs"] = {}
-        r["ok"] = check_ok(r["video"], ln["prompt"], r["attrs"])
+        r["ok"] = check_ok(r["video"], ln["scene"], r["attrs"])
         r["frame"] = noise_frame(int(ln["seed"]), policy)
         r["policy"] = policy
         refs.append(r)
@@ -286,7 +313,7 @@ def run_text(world: World, lines, refs, band_depths, thresholds, psnr_bound) -> 
                 attrs = {}
                 item["depths"][k] = {"t": t, "psnr": psnr(v, refs[i]["video"]),
                                      "ssim": ssim(v, refs[i]["video"]),
-                                     "ok": check_ok(v, ln["prompt"], attrs), "attrs": attrs,
+                                     "ok": check_ok(v, ln["scene"], attrs), "attrs": attrs,
                                      "steps_computed": steps - k}
         per.append(item)
 
@@ -357,7 +384,7 @@ def run_carnator(world: World, lines, refs, budget, risk_model_path, psnr_bound,
     settings = ReuseSettings(probe_fraction=0.1,
                              gate=GateSettings(risk_budget=budget),
                              sparse=SparseSettings(enabled=sparse), region_fill_calls=fill_calls)
-    recs, prompt_of = [], {}
+    recs, scene_of = [], {}
     for i, ln in enumerate(lines):
         t0 = time.perf_counter()
         samples, s = run_request(world.model, world.cond(ln["prompt"]), world.negative, world.latent(),
@@ -369,17 +396,17 @@ def run_carnator(world: World, lines, refs, budget, risk_model_path, psnr_bound,
         attrs = {}
         recs.append({"outcome": s.outcome, "t": t, "t_full": refs[i]["seconds"],
                      "psnr": psnr(v, refs[i]["video"]), "ssim": ssim(v, refs[i]["video"]),
-                     "ok": check_ok(v, ln["prompt"], attrs), "ok_full": refs[i]["ok"],
+                     "ok": check_ok(v, ln["scene"], attrs), "ok_full": refs[i]["ok"],
                      "attrs": attrs, "attrs_full": refs[i]["attrs"],
                      "steps_total": s.steps_total, "steps_computed": s.steps_computed,
                      "reuse_step": s.reuse_step, "risk": s.risk,
                      "sparse_calls": s.sparse_calls, "sparse_density": s.sparse_density,
                      "region_fraction": s.region_fraction, "edit": ln.get("edit") or ln.get("kind"),
                      "entry_id": s.entry_id, "stored_id": s.stored_id,
-                     "same_scene": (same_scene(ln["prompt"], prompt_of[s.entry_id])
-                                    if s.outcome == "hit" and s.entry_id in prompt_of else None)})
+                     "same_scene": (same_scene(ln["scene"], scene_of[s.entry_id])
+                                    if s.outcome == "hit" and s.entry_id in scene_of else None)})
         if s.stored_id:
-            prompt_of[s.stored_id] = ln["prompt"]
+            scene_of[s.stored_id] = ln["scene"]
     m = metrics(recs, psnr_bound)
     if sparse:
         gate_hits = [r for r in recs if r["outcome"] == "hit"]

@@ -2,9 +2,11 @@
 
     python scripts/make_workloads.py            # iterate, serve, calibration
 
-Each line is a JSON object with at least ``prompt`` and ``seed``; extra fields say what the
-line is (``seed_policy``, ``edit``/``kind``, ``session``/``group``) so results can be broken
-down, but the benchmark only needs prompt, seed and seed_policy.
+Each line is a JSON object with at least ``prompt``, ``seed`` and ``scene``; extra fields say
+what the line is (``seed_policy``, ``edit``/``kind``, ``session``/``group``) so results can be
+broken down. ``scene`` is the ground truth, ``{"objects": [{shape, colour, position, motion}]}``:
+the scene the prompt was written from, kept so that the benchmark's checker and scene
+comparisons never have to read prose back (a speed word, for one, is in the prompt only).
 
 - iterate.jsonl: interactive sessions. Each session keeps one seed and edits its prompt step
   by step: left/right flips (position or horizontal motion: textually close, incompatible),
@@ -37,6 +39,11 @@ OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "bench", "w
 
 def _copy(scene):
     return {"objects": [dict(o) for o in scene["objects"]]}
+
+
+def scene_field(scene: dict) -> dict:
+    """A line's ``scene``: a copy (later edits must not reach it), attributes in world order."""
+    return {"objects": [{a: o[a] for a in WD.ATTRIBUTES} for o in scene["objects"]]}
 
 
 def _flip(scene, rng):
@@ -80,7 +87,7 @@ def iterate(n_sessions=26, edits=8, seed=1001, first_seed=100_000):
         req_seed = first_seed + sess
         prompt = WD.caption(scene, canonical=True)
         lines.append({"prompt": prompt, "seed": req_seed, "seed_policy": "same_seed",
-                      "session": sess, "edit": "start"})
+                      "session": sess, "edit": "start", "scene": scene_field(scene)})
         for _ in range(edits):
             kinds = ["flip", "synonym", "repeat"] + (["object_change"] * 2 if n_obj == 2 else [])
             kind = rng.choice(kinds)
@@ -101,7 +108,7 @@ def iterate(n_sessions=26, edits=8, seed=1001, first_seed=100_000):
             else:
                 edit = "repeat"
             lines.append({"prompt": prompt, "seed": req_seed, "seed_policy": "same_seed",
-                          "session": sess, "edit": edit})
+                          "session": sess, "edit": edit, "scene": scene_field(scene)})
     return lines
 
 
@@ -114,7 +121,8 @@ def serve(n_requests=240, n_scenes=40, zipf_s=1.1, seed=2002):
         sid = rng.choices(range(n_scenes), weights)[0]
         prompt = WD.caption(scenes[sid], rng)
         lines.append({"prompt": prompt, "seed": 200_000 + rng.randrange(100_000),
-                      "seed_policy": "shared_noise", "scene_id": sid})
+                      "seed_policy": "shared_noise", "scene_id": sid,
+                      "scene": scene_field(scenes[sid])})
     return lines
 
 
@@ -197,12 +205,12 @@ def _sessions(n_sessions, edits, seed, first_seed, kinds_for):
         req_seed, speed = first_seed + sess, None
         prompt = WD.caption(scene, canonical=True)
         lines.append({"prompt": prompt, "seed": req_seed, "seed_policy": "same_seed",
-                      "session": sess, "edit": "start"})
+                      "session": sess, "edit": "start", "scene": scene_field(scene)})
         for _ in range(edits):
             kind = rng.choice(kinds_for(scene))
             scene, prompt, speed, edit = _apply_edit(kind, scene, prompt, speed, rng)
             lines.append({"prompt": prompt, "seed": req_seed, "seed_policy": "same_seed",
-                          "session": sess, "edit": edit})
+                          "session": sess, "edit": edit, "scene": scene_field(scene)})
     return lines
 
 
@@ -231,7 +239,7 @@ def edit_chains(n_pairs=120, seed=3030, first_group=0, exclude=(), lengths=(2, 3
     lines, group = [], first_group
     while group < first_group + n_pairs:
         scene = WD.random_scene(rng, rng.choice((1, 2)))
-        anchor = WD.caption(scene, canonical=True)
+        anchor, anchor_scene = WD.caption(scene, canonical=True), scene
         prompt, kinds = anchor, []
         for _ in range(rng.choice(lengths)):
             kind = rng.choice(["flip", "synonym"] + (["object_change"] * object_change_weight
@@ -245,9 +253,10 @@ def edit_chains(n_pairs=120, seed=3030, first_group=0, exclude=(), lengths=(2, 3
         if prompt == anchor or anchor in exclude or prompt in exclude:
             continue
         req_seed = first_seed + rng.randrange(100_000)
-        for role, p in (("anchor", anchor), ("variant", prompt)):
+        for role, p, s in (("anchor", anchor, anchor_scene), ("variant", prompt, scene)):
             lines.append({"prompt": p, "seed": req_seed, "seed_policy": "same_seed", "group": group,
-                          "kind": kind_name, "edits": "+".join(kinds), "role": role})
+                          "kind": kind_name, "edits": "+".join(kinds), "role": role,
+                          "scene": scene_field(s)})
         group += 1
     return lines
 
@@ -274,13 +283,13 @@ def _pairs(kinds, n_pairs, seed, pair_seeds, request_seeds, first_group=0, exclu
         tries += 1
         kind = kinds[(group - first_group) % len(kinds)]
         pair = WD.make_pair(kind, pair_seeds + tries)
-        pa, pb = pair["a"][1], pair["b"][1]
+        (sa, pa), (sb, pb) = pair["a"], pair["b"]
         if pa in exclude or pb in exclude:
             continue
         req_seed = request_seeds + rng.randrange(100_000)
-        for role, p in (("anchor", pa), ("variant", pb)):
+        for role, p, s in (("anchor", pa, sa), ("variant", pb, sb)):
             lines.append({"prompt": p, "seed": req_seed, "seed_policy": "same_seed",
-                          "group": group, "kind": kind, "role": role})
+                          "group": group, "kind": kind, "role": role, "scene": scene_field(s)})
         group += 1
     return lines
 
@@ -304,10 +313,8 @@ def write(name, lines, out):
     print(f"{path}: {len(lines)} requests")
 
 
-def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default=OUT)
-    a = ap.parse_args(argv)
+def workloads() -> dict:
+    """Every committed workload, name -> lines, in the order they are written."""
     it, sv, nv = iterate(), serve(), novel()
     held = {x["prompt"] for x in it + sv + nv}
     cal = calibration(exclude=held)
@@ -315,16 +322,20 @@ def main(argv=None):
     cal += paraphrase_pairs(first_group=1 + max(x["group"] for x in cal), exclude=held)
     cal += session_pairs(first_group=1 + max(x["group"] for x in cal), exclude=held)
     assert not ({x["seed"] for x in cal} & {x["seed"] for x in it + sv + nv})
-    write("iterate", it, a.out)
-    write("serve", sv, a.out)
-    write("novel", nv, a.out)
-    write("calibration", cal, a.out)
-    write("drift", drift(), a.out)
     # iterate again on 52 other sessions and seeds: is a false-accept rate measured on
     # iterate's 26 sessions (edits within a session are correlated) the gate's, or chance?
     replicate = iterate(n_sessions=52, seed=1013, first_seed=1_300_000)
     assert not {x["seed"] for x in replicate} & {x["seed"] for x in cal + it + sv + nv}
-    write("iterate_replicate", replicate, a.out)
+    return {"iterate": it, "serve": sv, "novel": nv, "calibration": cal, "drift": drift(),
+            "iterate_replicate": replicate}
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default=OUT)
+    a = ap.parse_args(argv)
+    for name, lines in workloads().items():
+        write(name, lines, a.out)
 
 
 if __name__ == "__main__":

@@ -29,6 +29,11 @@ def _bench():
     return mod
 
 
+def _scene(*objects):
+    """A workload line's scene from (shape, colour, position, motion) tuples."""
+    return {"objects": [dict(zip(("shape", "colour", "position", "motion"), o)) for o in objects]}
+
+
 def test_workload_files_shipped():
     for name, policy in (("iterate", "same_seed"), ("serve", "shared_noise"), ("calibration", "same_seed")):
         lines = [json.loads(x) for x in (REPO / "bench" / "workloads" / f"{name}.jsonl").read_text().splitlines()]
@@ -110,12 +115,14 @@ def test_calibration_fit_save_load_and_gate_rule(tmp_path):
 @pytest.mark.skipif(not MODEL.is_file(), reason="tiny-world model not committed")
 def test_benchmark_smoke_exact_pairs(tmp_path):
     wl = tmp_path / "exact_pairs.jsonl"
+    red = _scene(("square", "red", "top left", "right"))
+    blue = _scene(("circle", "blue", "bottom right", "up"))
     lines = []
-    for p, s in (("a red square in the top left moves right", 11),
-                 ("a blue circle in the bottom right moves up", 12)):
-        lines += [{"prompt": p, "seed": s, "seed_policy": "same_seed", "edit": "exact"}] * 2
+    for p, s, scene in (("a red square in the top left moves right", 11, red),
+                        ("a blue circle in the bottom right moves up", 12, blue)):
+        lines += [{"prompt": p, "seed": s, "seed_policy": "same_seed", "edit": "exact", "scene": scene}] * 2
     lines.append({"prompt": "a crimson box in the top left slides to the right", "seed": 11,
-                  "seed_policy": "same_seed", "edit": "synonym"})
+                  "seed_policy": "same_seed", "edit": "synonym", "scene": red})
     wl.write_text("".join(json.dumps(x) + "\n" for x in lines))
     out = tmp_path / "results" / "tinyworld.json"
     res = _bench().main([str(wl), "--budgets", "0.05", "--main-budget", "0.05",
@@ -153,8 +160,8 @@ def _localization():
 
 def test_localization_masks_follow_the_changed_object():
     loc = _localization()
-    a = "a red square in the top left moves right and a blue circle in the bottom right moves up"
-    b = "a red square in the top left moves right and a green circle in the bottom right moves up"
+    a = _scene(("square", "red", "top left", "right"), ("circle", "blue", "bottom right", "up"))
+    b = _scene(("square", "red", "top left", "right"), ("circle", "green", "bottom right", "up"))
     changed, kept = loc.world_masks(a, b)
     grid = (4, 8, 8)
     tc, tk = loc.tile_mask(changed, grid).reshape(grid), loc.tile_mask(kept, grid).reshape(grid)

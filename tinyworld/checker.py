@@ -130,7 +130,8 @@ def detect(video) -> List[dict]:
 
 
 def compare(detected: List[dict], scene: dict) -> dict:
-    """Per-attribute agreement between detected objects and a scene (or caption string)."""
+    """Per-attribute agreement between detected objects and a scene, or a caption string
+    read by the strict ``world.parse_caption`` (ValueError if it is not caption()'s phrasing)."""
     if isinstance(scene, str):
         scene = WD.parse_caption(scene)
     want = scene["objects"]

@@ -14,6 +14,8 @@ Videos are float32 tensors (3, T, H, W) in [0, 1] on a plain grey background.
 from __future__ import annotations
 
 import random
+import re
+import string
 from typing import Dict, List, Sequence, Tuple
 
 import numpy as np
@@ -186,7 +188,7 @@ def caption(scene: dict, rng: random.Random | None = None, canonical: bool = Fal
     return joiner.format(a=a, b=b)
 
 
-def _lookup(table: Dict[str, List[str]]):
+def _lookup(table: Dict[str, List[str]]) -> Dict[str, str]:
     inv = {}
     for k, words in table.items():
         for w in words:
@@ -194,44 +196,84 @@ def _lookup(table: Dict[str, List[str]]):
     return inv
 
 
-_COLOUR_INV = _lookup(COLOUR_WORDS)
-_SHAPE_INV = _lookup(SHAPE_WORDS)
-_POS_INV = _lookup(POSITION_WORDS)
-_MOT_INV = _lookup(MOTION_WORDS)
+# template field -> (attribute, its word or phrase -> value)
+_FIELDS = {"c": ("colour", _lookup(COLOUR_WORDS)), "s": ("shape", _lookup(SHAPE_WORDS)),
+           "p": ("position", _lookup(POSITION_WORDS)), "m": ("motion", _lookup(MOTION_WORDS))}
+
+
+def _template_pattern(template: str) -> "re.Pattern[str]":
+    """An object template as a regex matching exactly the phrases it can produce."""
+    parts = []
+    for literal, field, _, _ in string.Formatter().parse(template):
+        parts.append(re.escape(literal))
+        if field is not None:
+            phrases = sorted(_FIELDS[field][1], key=len, reverse=True)
+            parts.append(f"(?P<{field}>{'|'.join(map(re.escape, phrases))})")
+    return re.compile("".join(parts))
+
+
+def _joiner_literals(joiner: str) -> Tuple[str, str, str]:
+    """'{a}, while {b}' -> ('', ', while ', '')."""
+    pieces = list(string.Formatter().parse(joiner))
+    if [f for _, f, _, _ in pieces if f is not None] != ["a", "b"]:
+        raise ValueError(f"pair joiner {joiner!r} must name {{a}} then {{b}} once each")
+    return pieces[0][0], pieces[1][0], pieces[2][0] if len(pieces) > 2 else ""
+
+
+_TEMPLATE_PATTERNS = [_template_pattern(t) for t in OBJECT_TEMPLATES]
+_JOINER_LITERALS = [_joiner_literals(j) for j in PAIR_JOINERS]
+_TOKEN = re.compile(r"[a-z]+|[^a-z\s]")
+_CAPTION_TOKENS = set(_TOKEN.findall(" ".join(
+    [w for _, inv in _FIELDS.values() for w in inv]
+    + [lit for t in OBJECT_TEMPLATES + PAIR_JOINERS for lit, _, _, _ in string.Formatter().parse(t)])))
+
+
+def _object_readings(phrase: str) -> List[dict]:
+    readings = []
+    for pattern in _TEMPLATE_PATTERNS:
+        m = pattern.fullmatch(phrase)
+        if m:
+            obj = {_FIELDS[f][0]: _FIELDS[f][1][w] for f, w in m.groupdict().items()}
+            readings.append({a: obj[a] for a in ATTRIBUTES})
+    return readings
+
+
+def _caption_readings(text: str) -> List[dict]:
+    """Every scene the caption grammar reads ``text`` as: one object phrase, or two around
+    one joiner (each occurrence of a joiner's separator tried as the split)."""
+    readings = [{"objects": [o]} for o in _object_readings(text)]
+    for prefix, sep, suffix in _JOINER_LITERALS:
+        if len(text) < len(prefix) + len(suffix) or not (
+                text.startswith(prefix) and text.endswith(suffix)):
+            continue
+        body = text[len(prefix):len(text) - len(suffix)]
+        for m in re.finditer(re.escape(sep), body):
+            for a in _object_readings(body[:m.start()]):
+                for b in _object_readings(body[m.end():]):
+                    readings.append({"objects": [a, b]})
+    return readings
 
 
 def parse_caption(text: str) -> dict:
-    """Inverse of :func:`caption` for every paraphrase it can produce (used by the checker
-    when only a prompt string is known)."""
-    parts = [text]
-    for sep in (", while ", "; ", " and "):
-        if sep in text:
-            parts = text.split(sep)
-            break
-    objs = []
-    for part in parts:
-        part = part.strip()
-        obj = {}
-        for phrase, pos in sorted(_POS_INV.items(), key=lambda kv: -len(kv[0])):
-            if phrase in part:
-                obj["position"] = pos
-                part = part.replace(phrase, " ")
-                break
-        for phrase, mot in sorted(_MOT_INV.items(), key=lambda kv: -len(kv[0])):
-            if phrase in part:
-                obj["motion"] = mot
-                part = part.replace(phrase, " ")
-                break
-        words = part.replace(",", " ").split()
-        for w in words:
-            if w in _COLOUR_INV:
-                obj["colour"] = _COLOUR_INV[w]
-            if w in _SHAPE_INV:
-                obj["shape"] = _SHAPE_INV[w]
-        if len(obj) != 4:
-            raise ValueError(f"cannot parse caption part {part!r} of {text!r}")
-        objs.append(obj)
-    return {"objects": objs}
+    """The scene of a caption :func:`caption` can write (any template, synonym, joiner, object
+    order; any letter case or spacing). Anything else raises ``ValueError``: a reading that
+    skipped a word could describe another scene, so none is guessed. The benchmark does not
+    call this (workload lines carry their scene); it is for prompts typed by hand."""
+    norm = " ".join(text.lower().split())
+    readings = _caption_readings(norm)
+    scenes = {scene_key(r): r for r in readings}
+    if len(scenes) == 1:
+        return readings[0]
+    if scenes:
+        raise ValueError(f"caption {text!r} reads as {len(scenes)} different scenes: "
+                         f"{[r['objects'] for r in scenes.values()]}")
+    unknown = sorted(set(_TOKEN.findall(norm)) - _CAPTION_TOKENS)
+    why = (f"unknown words or marks {unknown}" if unknown
+           else "its words are known but not in an order caption() writes")
+    joiners = ", ".join(repr(sep) for _, sep, _ in _JOINER_LITERALS)
+    raise ValueError(f"cannot read caption {text!r}: {why}. parse_caption accepts only the phrasing "
+                     f"tinyworld.world.caption() writes (one object phrase, or two joined by one of "
+                     f"{joiners}); pass the scene itself where it is known")
 
 
 # --------------------------------------------------------------------------- pairs
