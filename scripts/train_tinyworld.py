@@ -6,6 +6,10 @@
     python scripts/train_tinyworld.py --eval 64               # checker accuracy via ComfyUI
     python scripts/train_tinyworld.py --diag                  # layout-word separation, no sampling
 
+Language: ``--language broad`` draws ``--broad-share`` of the bank's captions from
+tinyworld.language's training families (the rest stay world.caption()'s); the held-out
+families are for bench/phrasing.py only. The default, ``caption``, is the committed model's.
+
 Curriculum / recipe options: ``--objects 1`` trains on the 1-object scenes of the bank only
 (and makes --eval use 1-object prompts); ``--p-high``/``--high-lo`` add samples at nearly pure
 noise, where position and motion can only come from the caption; ``--obj-weight`` up-weights the
@@ -28,6 +32,7 @@ Checkpoints (resumable, nothing pickled): <ckpt-dir>/ckpt.safetensors (weights +
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import math
 import os
@@ -45,6 +50,7 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
+from tinyworld import language as LANG
 from tinyworld import latent as LAT
 from tinyworld import text as TXT
 from tinyworld import world as WD
@@ -99,18 +105,41 @@ def init_weights(m):
 
 
 # --------------------------------------------------------------------------- data
+def bank_captions(n, seed, language="caption", broad_share=0.5):
+    """The bank's scenes and training captions. ``caption``: world.caption()'s paraphrases
+    (the committed model's bank, unchanged); ``broad``: a share ``broad_share`` of
+    tinyworld.language's training-family phrasings, the rest caption()'s (issue 13; the
+    held-out families never enter)."""
+    rng = random.Random(seed)
+    scenes, captions = [], []
+    for _ in range(n):
+        s = WD.random_scene(rng)
+        scenes.append(s)
+        if language == "caption":
+            captions.append(WD.caption(s, rng))
+        elif language == "broad":
+            captions.append(LANG.training_caption(s, rng, broad_share))
+        else:
+            raise ValueError(f"--language {language!r}: use 'caption' or 'broad'")
+    return scenes, captions
+
+
+def bank_path(cache_dir, n, seed, language, captions):
+    """Cached states of a bank. A broad bank's name carries a digest of its captions, so an
+    edit of the language never reuses stale states."""
+    if language == "caption":
+        return os.path.join(cache_dir, f"bank_{n}_{seed}_v3.safetensors")
+    digest = hashlib.sha1("\n".join(captions).encode()).hexdigest()[:12]
+    return os.path.join(cache_dir, f"bank_{n}_{seed}_{language}_{digest}_v3.safetensors")
+
+
 class Bank:
     """Scenes with paraphrased captions and their MiniLM states (cached under /tmp)."""
 
-    def __init__(self, n, seed, cache_dir="/tmp/carnator_tinyworld"):
+    def __init__(self, n, seed, cache_dir="/tmp/carnator_tinyworld", language="caption", broad_share=0.5):
         os.makedirs(cache_dir, exist_ok=True)
-        path = os.path.join(cache_dir, f"bank_{n}_{seed}_v3.safetensors")
-        rng = random.Random(seed)
-        self.scenes, self.captions = [], []
-        for i in range(n):
-            s = WD.random_scene(rng)
-            self.scenes.append(s)
-            self.captions.append(WD.caption(s, rng))
+        self.scenes, self.captions = bank_captions(n, seed, language, broad_share)
+        path = bank_path(cache_dir, n, seed, language, self.captions)
         if os.path.exists(path):
             self.states = load_file(path)["states"]
         else:
@@ -119,7 +148,7 @@ class Bank:
             for s in range(0, n, 256):
                 states[s:s + 256] = TXT.encode_states(self.captions[s:s + 256]).half()
                 TXT._state_cache.clear()
-                print(f"bank {s + 256}/{n} {time.time() - t0:.0f}s", flush=True)
+                print(f"bank {min(s + 256, n)}/{n} {time.time() - t0:.0f}s", flush=True)
             save_file({"states": states}, path)
             self.states = states
         self.states = TXT.fill_padding(self.states)
@@ -268,7 +297,7 @@ def train(a):
         print(f"resumed at step {state['step']}", flush=True)
     if ema is None:
         ema = {k: v.detach().clone() for k, v in model.state_dict().items()}
-    bank = Bank(a.bank, a.seed)
+    bank = Bank(a.bank, a.seed, language=a.language, broad_share=a.broad_share)
     pool = np.arange(len(bank.captions))
     if a.objects:  # curriculum: train on n-object scenes only (a filter of the same cached bank)
         pool = np.array([i for i, sc in enumerate(bank.scenes) if len(sc["objects"]) == a.objects])
@@ -426,7 +455,7 @@ def diagnose(a):
                               for j, k in enumerate(variants)}}
     for b, o in outs.items():
         rep[f"block{b}_cross_attn"] = {k: float((o[0] - o[j + 1]).norm() / o[0].norm()) for j, k in enumerate(variants)}
-    bank = Bank(a.bank, a.seed)
+    bank = Bank(a.bank, a.seed, language=a.language, broad_share=a.broad_share)
     idx = np.array([i for i, sc in enumerate(bank.scenes) if len(sc["objects"]) == 1][:48])
     rng = np.random.RandomState(0)
     x0, stt = make_batch(bank, idx, rng, 0.0)
@@ -480,6 +509,11 @@ def main():
     p.add_argument("--rewarm", type=int, default=0, help="linear lr warm-up over this many steps after resuming")
     p.add_argument("--bank", type=int, default=8192)
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--language", choices=("caption", "broad"), default="caption",
+                   help="training captions: world.caption()'s paraphrases (the committed model), or "
+                        "'broad': tinyworld.language's training families mixed with them (issue 13)")
+    p.add_argument("--broad-share", type=float, default=0.5,
+                   help="with --language broad, the share of captions from the training families")
     p.add_argument("--bf16", action="store_true")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--ckpt-every", type=float, default=180)

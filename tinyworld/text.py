@@ -91,6 +91,13 @@ def _load():
     return _model, _tokenizer
 
 
+def token_counts(texts: Sequence[str]) -> List[int]:
+    """MiniLM tokens of each text, [CLS] and [SEP] included, before truncation: past
+    TEXT_LEN - 1 the encoder cuts the text's end off."""
+    _, tok = _load()
+    return [len(ids) for ids in tok(list(texts))["input_ids"]]
+
+
 def projection() -> torch.Tensor:
     """Fixed (384, 4096) projection with orthonormal rows scaled by sqrt(4096/384)."""
     global _proj

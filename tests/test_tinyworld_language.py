@@ -1,0 +1,264 @@
+"""The tiny world's broad language (issue 13): tinyworld.language's families, their split,
+and that every phrasing describes exactly its scene.
+
+The scene check reads each phrasing with keyword tables of its own (below), not the
+generator's lexicon: each attribute piece must name its object's value and no other, plain
+pieces must name no attribute, and the pieces must make up the text. Fast: MiniLM's
+tokenizer, no diffusion model, except one small run of bench/phrasing.py.
+"""
+import importlib.util
+import json
+import random
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+from tinyworld import language as LANG
+from tinyworld import text as TXT
+from tinyworld import world as WD
+
+REPO = Path(__file__).resolve().parent.parent
+MODEL = REPO / "models" / "tinyworld" / "carnator_tinyworld_wan21.safetensors"
+
+# --------------------------------------------------------------- an independent reader
+COLOUR_KEYS = {"red": {"red", "crimson", "scarlet", "ruby", "cherry"},
+               "green": {"green", "emerald", "lime", "grass"},
+               "blue": {"blue", "azure", "cobalt", "navy", "sky"},
+               "yellow": {"yellow", "golden", "amber", "lemon"}}
+SHAPE_KEYS = {"square": {"square", "box", "block", "cube"},
+              "circle": {"circle", "ball", "sphere", "disc", "dot", "round"},
+              "triangle": {"triangle", "wedge", "pyramid", "triangular"}}
+VERTICAL_KEYS = {"top": {"top", "upper"}, "bottom": {"bottom", "lower"}}
+HORIZONTAL_KEYS = {"left": {"left"}, "right": {"right"}}
+MOTION_KEYS = {"left": {"left", "leftwards"}, "right": {"right", "rightwards"},
+               "up": {"up", "upwards", "top", "rise", "rises", "rising", "climb", "climbs", "climbing",
+                      "ascend", "ascends", "ascending"},
+               "down": {"down", "downwards", "bottom", "fall", "falls", "falling", "sink", "sinks",
+                        "sinking", "drop", "drops", "dropping", "descend", "descends", "descending"}}
+MOTION_VERBS = {"move", "moves", "moving", "drift", "drifts", "drifting", "slide", "slides", "sliding",
+                "travel", "travels", "travelling", "glide", "glides", "gliding", "head", "heads", "heading",
+                "go", "goes", "going", "shift", "shifts", "shifting", "float", "floats", "floating"}
+ATTRIBUTE_WORDS = set().union(*COLOUR_KEYS.values(), *SHAPE_KEYS.values(), *VERTICAL_KEYS.values(),
+                              *HORIZONTAL_KEYS.values(), *MOTION_KEYS.values(), MOTION_VERBS)
+
+
+def words(text):
+    return set(re.findall(r"[a-z]+", text.lower()))
+
+
+def values(text, keys):
+    w = words(text)
+    return {v for v, k in keys.items() if w & k}
+
+
+def read_piece(text, attribute):
+    """What an attribute piece says, by the keyword tables; None where it says anything else."""
+    w = words(text)
+    if attribute == "colour":
+        return next(iter(values(text, COLOUR_KEYS))) if len(values(text, COLOUR_KEYS)) == 1 and not (
+            w & (ATTRIBUTE_WORDS - set().union(*COLOUR_KEYS.values()))) else None
+    if attribute == "shape":
+        return next(iter(values(text, SHAPE_KEYS))) if len(values(text, SHAPE_KEYS)) == 1 and not (
+            w & (ATTRIBUTE_WORDS - set().union(*SHAPE_KEYS.values()))) else None
+    if attribute == "position":
+        v, h = values(text, VERTICAL_KEYS), values(text, HORIZONTAL_KEYS)
+        clean = not (w & (set().union(*COLOUR_KEYS.values(), *SHAPE_KEYS.values(), MOTION_VERBS)))
+        return f"{v.pop()} {h.pop()}" if len(v) == len(h) == 1 and clean else None
+    if attribute == "motion":
+        m = values(text, MOTION_KEYS)
+        clean = not (w & set().union(*COLOUR_KEYS.values(), *SHAPE_KEYS.values()))
+        return m.pop() if len(m) == 1 and clean else None
+    raise ValueError(attribute)
+
+
+def assert_describes(p: LANG.Phrasing, scene):
+    objs = scene["objects"]
+    joined = "".join(t for t, _ in p.pieces)
+    assert p.text.lower().rstrip(".") == joined.lower().rstrip("."), p.text
+    said = {}
+    for text, tag in p.pieces:
+        if tag is None:
+            assert not words(text) & ATTRIBUTE_WORDS, (p.text, text)
+            continue
+        i, attribute = tag
+        assert read_piece(text, attribute) == objs[i][attribute], (p.text, text, objs[i])
+        said.setdefault(i, set()).add(attribute)
+    assert said == {i: set(WD.ATTRIBUTES) for i in range(len(objs))}, p.text
+    # and read whole, without the pieces: exactly the scene's colours and shapes
+    assert values(p.text, COLOUR_KEYS) == {o["colour"] for o in objs}, p.text
+    assert values(p.text, SHAPE_KEYS) == {o["shape"] for o in objs}, p.text
+
+
+def phrasings(families, n, seed):
+    rng = random.Random(seed)
+    out = []
+    for i in range(n):
+        scene = WD.random_scene(rng, 1 + i % 2)
+        out.append((scene, LANG.compose(scene, rng, families)))
+    return out
+
+
+@pytest.fixture(scope="module")
+def train_sample():
+    return phrasings(LANG.TRAIN_FAMILIES, 3000, 1)
+
+
+@pytest.fixture(scope="module")
+def held_sample():
+    return phrasings(LANG.HELD_OUT_FAMILIES, 1500, 2)
+
+
+def used_families(p):
+    f = p.families
+    return set(f["clause"]) | {f[k] for k in ("joiner", "frame", "surface") if f[k]}
+
+
+# --------------------------------------------------------------- the split
+def test_families_split_whole_and_every_kind_on_both_sides():
+    train, held = set(LANG.TRAIN_FAMILIES), set(LANG.HELD_OUT_FAMILIES)
+    assert not train & held
+    assert train | held == set(LANG.ALL_FAMILIES)
+    for kind in LANG.KINDS:
+        assert any(LANG.family_kind(f) == kind for f in train), kind
+        assert any(LANG.family_kind(f) == kind for f in held), kind
+    with pytest.raises(ValueError, match="unknown phrasing family"):
+        LANG.phrase(WD.random_scene(random.Random(0)), random.Random(0), ["clause.nonsense"])
+
+
+def test_training_phrasings_use_training_families_only(train_sample, held_sample):
+    assert set().union(*(used_families(p) for _, p in train_sample)) == set(LANG.TRAIN_FAMILIES)
+    assert set().union(*(used_families(p) for _, p in held_sample)) == set(LANG.HELD_OUT_FAMILIES)
+    # read from the text, not the generator's bookkeeping: the held-out structures never occur
+    held_marks = [r"[^,] while ", r"[^,] whereas ", r"\. meanwhile, ", r"\. at the same time, ", r"\balso, ",
+                  r"; also ", r"in this video we see", r"here, in this clip",
+                  r"background is plain grey", r"\(plain grey background\)", r"\bis (in|at|near|on) the ",
+                  r"^[a-z]+ing\b"]
+    for _, p in train_sample:
+        t = p.text.lower()
+        assert not any(re.search(m, t) for m in held_marks), p.text
+        assert p.families["surface"] in ("surface.lower", "surface.sentence")
+        assert p.text == p.text.lower() or p.text[0].isupper() and p.text.endswith(".")
+
+
+def test_deterministic_and_varied():
+    scene = WD.random_scene(random.Random(5), 2)
+    for fams in (LANG.TRAIN_FAMILIES, LANG.HELD_OUT_FAMILIES):
+        a = [LANG.phrase(scene, random.Random(s), fams) for s in range(40)]
+        assert a == [LANG.phrase(scene, random.Random(s), fams) for s in range(40)]
+        assert len(set(a)) >= 38
+    caption = WD.caption(scene, random.Random(1))
+    assert caption == WD.caption(scene, random.Random(1))  # caption() itself is untouched
+
+
+def test_every_phrasing_describes_exactly_its_scene(train_sample, held_sample):
+    for scene, p in train_sample + held_sample:
+        assert_describes(p, scene)
+
+
+def test_reader_catches_a_wrong_word():
+    scene = WD.random_scene(random.Random(3), 2)
+    p = LANG.compose(scene, random.Random(3), LANG.HELD_OUT_FAMILIES)
+    other = {"red": "blue", "blue": "red", "green": "yellow", "yellow": "green"}
+    bad = [(other[scene["objects"][t[0]]["colour"]] if t and t[1] == "colour" else s, t) for s, t in p.pieces]
+    wrong = LANG.Phrasing("".join(s for s, _ in bad), tuple(bad), p.families)
+    with pytest.raises(AssertionError):
+        assert_describes(wrong, scene)
+    extra = LANG.Phrasing(p.text + " past a blue line", p.pieces + ((" past a blue line", None),), p.families)
+    with pytest.raises(AssertionError):
+        assert_describes(extra, scene)
+
+
+def test_held_out_words_all_occur_in_training_phrasings(train_sample, held_sample):
+    seen = set().union(*(words(p.text) for _, p in train_sample))
+    seen_marks = set().union(*(set(re.findall(r"[^\w\s]", p.text)) for _, p in train_sample))
+    held = set().union(*(words(p.text) for _, p in held_sample))
+    held_marks = set().union(*(set(re.findall(r"[^\w\s]", p.text)) for _, p in held_sample))
+    assert held <= seen, sorted(held - seen)
+    assert held_marks <= seen_marks, sorted(held_marks - seen_marks)
+    # and by construction: every literal word of a held-out template is a training word
+    literal = {w for f in LANG.HELD_OUT_FAMILIES
+               for t in {**LANG.CLAUSES, **LANG.JOINERS, **LANG.FRAMES}.get(f, ())
+               for w in words(re.sub(r"\{\w+\}", " ", t))}
+    assert literal <= seen, sorted(literal - seen)
+
+
+def test_phrasings_fit_the_encoder(train_sample, held_sample):
+    texts = [p.text for _, p in train_sample + held_sample]
+    assert max(TXT.token_counts(texts)) <= TXT.TEXT_LEN - 1
+    with pytest.raises(ValueError, match="within 5 tokens"):
+        LANG.phrase(WD.random_scene(random.Random(0), 2), random.Random(0), max_tokens=5)
+
+
+def test_clauses_never_run_into_their_neighbours(train_sample, held_sample):
+    """A participle or bare colour opens a clause only after a break, and a clause ending
+    on its noun phrase is followed by one (else '… rises while drifting right, a red dot …'
+    gives one object two motions)."""
+    for _, p in train_sample + held_sample:
+        t = p.text.lower()
+        assert not re.search(r"\b(while|whereas|as|and|how) [a-z]+ing\b", t), p.text
+        assert not re.search(r"ing\b[^:.;]*: (an?|one) ([a-z]+ ){1,6}(and|as|while|whereas) ", t), p.text
+
+
+# --------------------------------------------------------------- training captions
+def _train_script():
+    spec = importlib.util.spec_from_file_location("train_tinyworld", REPO / "scripts" / "train_tinyworld.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_training_bank_language_option(tmp_path):
+    tr = _train_script()
+    rng = random.Random(7)
+    expected = []
+    for _ in range(50):
+        s = WD.random_scene(rng)
+        expected.append((s, WD.caption(s, rng)))
+    assert list(zip(*tr.bank_captions(50, 7))) == expected  # default: the committed model's bank
+    scenes, caps = tr.bank_captions(400, 7, "broad", 0.5)
+    assert caps == tr.bank_captions(400, 7, "broad", 0.5)[1]
+
+    def caption_language(c):
+        try:
+            WD.parse_caption(c)
+            return True
+        except ValueError:
+            return False
+    own = sum(map(caption_language, caps))
+    assert 0.4 < own / len(caps) < 0.65, own  # about half caption()'s, half the families'
+    assert all(caption_language(c) for c in tr.bank_captions(400, 7, "broad", 0.0)[1])
+    broad_only = tr.bank_captions(60, 7, "broad", 1.0)
+    for s, c in zip(*broad_only):
+        assert not re.search(r"[^,] while |\. meanwhile, |in this video we see", c.lower()), c
+    assert tr.bank_path("/x", 10, 1, "caption", caps) == "/x/bank_10_1_v3.safetensors"
+    assert tr.bank_path("/x", 10, 1, "broad", caps) != tr.bank_path("/x", 10, 1, "broad", caps[1:])
+    bank = tr.Bank(6, 7, cache_dir=str(tmp_path), language="broad")  # encodes 6 captions
+    assert bank.states.shape == (6, TXT.TEXT_LEN, TXT.STATE_DIM) and len(list(tmp_path.iterdir())) == 1
+    with pytest.raises(ValueError, match="--language"):
+        tr.bank_captions(2, 1, "french")
+
+
+# --------------------------------------------------------------- the benchmark, tiny
+@pytest.mark.skipif(not MODEL.exists(), reason="committed tiny-world model not present")
+def test_phrasing_benchmark_smoke(tmp_path):
+    spec = importlib.util.spec_from_file_location("bench_phrasing", REPO / "bench" / "phrasing.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["bench_phrasing"] = mod
+    spec.loader.exec_module(mod)
+    out = tmp_path / "phrasing.json"
+    res = mod.main(["--scenes", "2", "--held-out", "2", "--out", str(out)])
+    saved = json.loads(out.read_text())
+    assert saved["held_out_phrasing_all_right"] == res["held_out_phrasing_all_right"]
+    for key in ("held_out_phrasing", "training_phrasing", "caption_phrasing", "canonical_caption"):
+        assert 0.0 <= saved[f"{key}_all_right"] <= 1.0
+        assert set(saved[f"{key}_per_attribute"]) == {"shape", "colour", "position", "motion", "count"}
+    assert saved["counts"]["prompts"] == {"canonical": 2, "caption": 2, "training": 2, "held_out": 4}
+    assert saved["pairs"]["held_out_pairs"]["n"] == 2 and saved["held_out_pairs_within_30db"] is not None
+    assert saved["settings"]["model"].endswith("carnator_tinyworld_wan21.safetensors")
+    assert saved["command"].startswith("python bench/phrasing.py")
+    assert set(saved["targets"]) == {"held_out_all_right", "held_out_per_attribute", "gap_to_training",
+                                     "held_out_pairs_within_bound"}
+    held = [r for r in saved["records"] if r["row"] == "held_out"]
+    assert all(set(r["families"]["clause"]) <= set(LANG.HELD_OUT_FAMILIES) for r in held)
