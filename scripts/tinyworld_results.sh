@@ -28,6 +28,9 @@ $PY bench/tinyworld.py --merge out/tinyworld_iterate.json out/tinyworld_serve.js
 both "$PY bench/tinyworld.py iterate --steps 30 --budgets 0.05 --no-sparse-system --records --no-plots --out out/tw30_iterate.json" \
      "$PY bench/tinyworld.py serve --steps 30 --budgets 0.05 --no-sparse-system --records --no-plots --out out/tw30_serve.json"
 $PY bench/tinyworld.py --merge out/tw30_iterate.json out/tw30_serve.json --out $R/tinyworld_n30.json --no-plots
+both "$PY bench/tinyworld.py iterate --steps 50 --budgets 0.05 --no-sparse-system --records --no-plots --out out/tw50_iterate.json" \
+     "$PY bench/tinyworld.py serve --steps 50 --budgets 0.05 --no-sparse-system --records --no-plots --out out/tw50_serve.json"
+$PY bench/tinyworld.py --merge out/tw50_iterate.json out/tw50_serve.json --out $R/tinyworld_n50.json --no-plots
 $PY bench/localization.py
 # the re-noised fill of M (bench/results/studies, measured with --fill-calls 0) against today's
 $PY bench/depth_studies.py --instances $R/studies/renoise_fill.*-of-6.jsonl \
