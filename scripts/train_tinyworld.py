@@ -264,9 +264,13 @@ def export(d, out_path=None, use_ema=True):
 
 @torch.no_grad()
 def init_from(model, d):
-    """Warm start from another checkpoint's weights; extra input channels keep their init."""
-    t = load_file(os.path.join(d, "ckpt.safetensors"))
-    src = {k[6:]: v for k, v in t.items() if k.startswith("model.")}
+    """Warm start from another checkpoint's weights — a training dir, or an exported model
+    file such as the committed one (its EMA weights); extra input channels keep their init."""
+    if os.path.isfile(d):
+        src = {k: v.float() for k, v in load_file(d).items()}
+    else:
+        t = load_file(os.path.join(d, "ckpt.safetensors"))
+        src = {k[6:]: v for k, v in t.items() if k.startswith("model.")}
     own = model.state_dict()
     for k, v in src.items():
         if k not in own:
@@ -519,7 +523,8 @@ def main():
     p.add_argument("--ckpt-every", type=float, default=180)
     p.add_argument("--log-every", type=float, default=30)
     p.add_argument("--in-dim", type=int, default=32)
-    p.add_argument("--init-from", default=None, help="checkpoint dir to warm-start from (input channels adapted)")
+    p.add_argument("--init-from", default=None,
+                   help="checkpoint dir or exported model file to warm-start from (input channels adapted)")
     p.add_argument("--export", action="store_true")
     p.add_argument("--eval", type=int, default=0)
     p.add_argument("--model", default=None, help="evaluate this exported .safetensors instead of the checkpoint")
