@@ -10,17 +10,16 @@
   world; older float32 entries still load.
 """
 import math
-from pathlib import Path
 
 import pytest
 import torch
+import repo_scripts
 from conftest import BACKBONES, Requests
 from torch.profiler import ProfilerActivity, profile
 
 from carnator_core.connectivity import pack_mask
 from carnator_core.sparse_reuse import AttentionPlan, Connectivity, SparseSettings
 
-REPO = Path(__file__).resolve().parent.parent
 PROMPT = "a red ball rolls left across a green field"
 RELATED = "a red ball rolls left across a green field slowly"
 
@@ -170,12 +169,7 @@ def test_hit_from_compact_entries_matches_the_float32_path(backbone, tiny_models
 
 def test_hit_from_float16_entries_on_the_tiny_world(tmp_path):
     """The trained model, decoded to video: a synonym edit's hit against the float32 path."""
-    import importlib.util
-    import sys
-    spec = importlib.util.spec_from_file_location("bench_tw_entries", REPO / "bench" / "tinyworld.py")
-    tw = importlib.util.module_from_spec(spec)
-    sys.modules["bench_tw_entries"] = tw
-    spec.loader.exec_module(tw)
+    tw = repo_scripts.load("bench/tinyworld.py", "bench_tw")
     from carnator_core.comfy_adapter import run_request
     from carnator_core.gate import GateSettings
     from carnator_core.pipeline import ReuseSettings

@@ -4,14 +4,13 @@ A handful of requests on the committed tiny-world model: the JSON has the docume
 Carnator hits on a workload of exact pairs, and the calibration pieces fit, save and load a
 risk model the gate uses. The full runs stay out of CI (README, Results).
 """
-import importlib.util
 import json
 import math
 import random
-import sys
 from pathlib import Path
 
 import pytest
+import repo_scripts
 
 REPO = Path(__file__).resolve().parent.parent
 MODEL = REPO / "models" / "tinyworld" / "carnator_tinyworld_wan21.safetensors"
@@ -20,13 +19,7 @@ METRICS = {"hit_rate", "false_accept_rate", "hit_speedup", "workload_speedup", "
 
 
 def _bench():
-    if "bench_tw" in sys.modules:
-        return sys.modules["bench_tw"]
-    spec = importlib.util.spec_from_file_location("bench_tw", REPO / "bench" / "tinyworld.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["bench_tw"] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    return repo_scripts.load("bench/tinyworld.py", "bench_tw")
 
 
 def _scene(*objects):
@@ -152,10 +145,7 @@ def test_benchmark_smoke_exact_pairs(tmp_path):
 
 
 def _localization():
-    spec = importlib.util.spec_from_file_location("bench_loc", REPO / "bench" / "localization.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return repo_scripts.load("bench/localization.py", "bench_loc")
 
 
 def test_localization_masks_follow_the_changed_object():

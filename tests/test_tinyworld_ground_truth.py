@@ -4,14 +4,13 @@ from, the benchmark judges by that scene, and ``parse_caption`` reads exactly wh
 
 Plain pytest: no ComfyUI, no model.
 """
-import importlib.util
 import json
 import random
 import re
-import sys
 from pathlib import Path
 
 import pytest
+import repo_scripts
 
 from tinyworld import checker as CH
 from tinyworld import world as WD
@@ -135,10 +134,7 @@ def test_checker_refuses_a_prompt_it_cannot_read():
 
 # ------------------------------------------------------------------ workload files
 def _make_workloads():
-    spec = importlib.util.spec_from_file_location("make_workloads", REPO / "scripts" / "make_workloads.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return repo_scripts.load("scripts/make_workloads.py", "make_workloads")
 
 
 def _read(name):
@@ -176,11 +172,7 @@ def test_every_workload_line_has_its_scene_and_the_strict_parser_agrees():
 
 # ------------------------------------------------------------------ the benchmark
 def _bench():
-    if "bench_tw" not in sys.modules:
-        spec = importlib.util.spec_from_file_location("bench_tw", REPO / "bench" / "tinyworld.py")
-        sys.modules["bench_tw"] = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(sys.modules["bench_tw"])
-    return sys.modules["bench_tw"]
+    return repo_scripts.load("bench/tinyworld.py", "bench_tw")
 
 
 def test_benchmark_compares_stored_scenes_not_prose(tmp_path):

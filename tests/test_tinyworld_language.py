@@ -6,14 +6,13 @@ generator's lexicon: each attribute piece must name its object's value and no ot
 pieces must name no attribute, and the pieces must make up the text. Fast: MiniLM's
 tokenizer, no diffusion model, except one small run of bench/phrasing.py.
 """
-import importlib.util
 import json
 import random
 import re
-import sys
 from pathlib import Path
 
 import pytest
+import repo_scripts
 
 from tinyworld import language as LANG
 from tinyworld import text as TXT
@@ -203,10 +202,7 @@ def test_clauses_never_run_into_their_neighbours(train_sample, held_sample):
 
 # --------------------------------------------------------------- training captions
 def _train_script():
-    spec = importlib.util.spec_from_file_location("train_tinyworld", REPO / "scripts" / "train_tinyworld.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return repo_scripts.load("scripts/train_tinyworld.py", "train_tinyworld")
 
 
 def test_training_bank_language_option(tmp_path):
@@ -243,10 +239,7 @@ def test_training_bank_language_option(tmp_path):
 # --------------------------------------------------------------- the benchmark, tiny
 @pytest.mark.skipif(not MODEL.exists(), reason="committed tiny-world model not present")
 def test_phrasing_benchmark_smoke(tmp_path):
-    spec = importlib.util.spec_from_file_location("bench_phrasing", REPO / "bench" / "phrasing.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["bench_phrasing"] = mod
-    spec.loader.exec_module(mod)
+    mod = repo_scripts.load("bench/phrasing.py", "bench_phrasing")
     out = tmp_path / "phrasing.json"
     res = mod.main(["--scenes", "2", "--held-out", "2", "--out", str(out)])
     saved = json.loads(out.read_text())
