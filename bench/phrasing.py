@@ -28,7 +28,6 @@ figures, every prompt's record, the model and the command.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import itertools
 import json
 import os
@@ -42,24 +41,16 @@ for p in (os.path.join(REPO, "tests"), REPO):  # REPO first: the tinyworld packa
     if p in sys.path:
         sys.path.remove(p)
     sys.path.insert(0, p)
+if os.path.dirname(os.path.abspath(__file__)) not in sys.path:  # last: bench/tinyworld.py is no package
+    sys.path.append(os.path.dirname(os.path.abspath(__file__)))
 
+from calibrate import _load_bench  # noqa: E402
 from carnator_core.risk_control import clopper_pearson_lower, clopper_pearson_upper  # noqa: E402
 
 ROWS = ("canonical", "caption", "training", "held_out")
 ATTRS = ("shape", "colour", "position", "motion", "count")
 TARGETS = {"held_out_all_right_min": 0.90, "held_out_per_attribute_min": 0.95,
            "gap_to_training_max": 0.03, "held_out_pairs_within_bound_min": 0.80}
-
-
-def _load_bench():
-    """bench/tinyworld.py as ``bench_tw`` (its name clashes with the tinyworld package)."""
-    name = "bench_tw"
-    if name not in sys.modules:
-        path = os.path.join(REPO, "bench", "tinyworld.py")
-        spec = importlib.util.spec_from_file_location(name, path)
-        sys.modules[name] = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(sys.modules[name])
-    return sys.modules[name]
 
 
 def prompts_for(scene: dict, rng: random.Random, held_out: int) -> list[dict]:
