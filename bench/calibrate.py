@@ -47,9 +47,10 @@ def group_of(line: dict):
 
 
 def measure_pairs(world, lines: list[dict], settings, psnr_bound: float, region_threshold: float,
-                  log=print) -> list[dict]:
+                  log=print, finishes=None) -> list[dict]:
     """Instances (see carnator_core.calibration) for every pair, both directions: the
-    generic measurement (carnator_core.self_calibration) labelled with the checker too."""
+    generic measurement (carnator_core.self_calibration) labelled with the checker too;
+    ``finishes`` as ``measure_direction`` takes it (None: every step and the guided finish)."""
     from bench_tw import check_ok, psnr
     from carnator_core.self_calibration import measure_direction
     steps = world.steps
@@ -78,12 +79,42 @@ def measure_pairs(world, lines: list[dict], settings, psnr_bound: float, region_
                 return {"psnr": q, "ok": ok, "ok_reference": a["ok"],
                         "label": CAL.exceeds_tolerance(q, a["ok"], ok, psnr_bound)}
             inst = measure_direction(a["full"], b["full"], lambda a=a, la=la: world.new_run(
-                la["prompt"], int(la["seed"]), a["policy"]), settings, region_threshold, outcome)
+                la["prompt"], int(la["seed"]), a["policy"]), settings, region_threshold, outcome, finishes)
             instances.append({"group": g, "kind": la.get("kind"), "prompt": la["prompt"],
                               "candidate_prompt": lb["prompt"], **inst})
         if (gi + 1) % 10 == 0:
             log(f"  {gi + 1}/{len(groups)} pairs, {time.time() - t0:.0f} s", flush=True)
     return instances
+
+
+def add_guided_finish(world, lines: list[dict], settings, psnr_bound: float, region_threshold: float,
+                      measured_files: list[str]) -> list[dict]:
+    """The measured instances of ``measured_files`` for these lines' pairs, with the guided
+    finish of other-evidence reuses measured and added to their depths. The evidence is
+    measured again and must equal the stored one (the same model, the same pairs); pairs
+    measured with that finish already keep their measurement."""
+    from carnator_core.gate import evidence_class
+    calls = settings.other_finish_calls
+    if calls <= 0:
+        raise SystemExit("--add-guided-finish: ReuseSettings.other_finish_calls is 0, nothing to add")
+    stored = {(str(i["group"]), i["prompt"], i["candidate_prompt"]): i
+              for path in measured_files for i in CAL.load_instances(path)}
+    mine = {str(group_of(ln)) for ln in lines}
+    needed = {g for (g, _, _), i in stored.items() if evidence_class(i["features"]) == "other"
+              and i["depths"] and not any(d.get("finish_calls") for d in i["depths"])}
+    todo = [ln for ln in lines if str(group_of(ln)) in needed]
+    print(f"adding the {calls}-call guided finish to the other-evidence reuses of "
+          f"{len({group_of(ln) for ln in todo})} pairs …", flush=True)
+    added = measure_pairs(world, todo, settings, psnr_bound, region_threshold,
+                          finishes=lambda klass: [calls] if klass == "other" else [])
+    for inst in added:
+        key = (str(inst["group"]), inst["prompt"], inst["candidate_prompt"])
+        old = stored.get(key)
+        if old is None or any(abs(old["features"][f] - v) > 1e-4 for f, v in inst["features"].items()):
+            raise SystemExit(f"pair group {key[0]} measures other evidence than {measured_files} "
+                             "stored: measure the whole calibration again instead")
+        old["depths"] = old["depths"] + inst["depths"]
+    return [i for (g, _, _), i in stored.items() if g in mine]
 
 
 def main(argv=None) -> dict:
@@ -113,6 +144,11 @@ def main(argv=None) -> dict:
     ap.add_argument("--same-scene-groups-of", nargs="+", default=None, metavar="JSONL",
                     help="only the pair groups with same-scene evidence in these measurement files "
                          "(re-measure them after changing the guided finish; merge with --replace-into)")
+    ap.add_argument("--add-guided-finish", nargs="+", default=None, metavar="JSONL",
+                    help="measure only the guided finish of other-evidence reuses "
+                         "(ReuseSettings.other_finish_calls) for the pairs of these measurement "
+                         "files and write them with those reuses added (use with --shard; then "
+                         "re-fit with --instances)")
     ap.add_argument("--form", choices=("linear", "interaction"), default="interaction",
                     help="risk model form (carnator_core.gate.RiskModel.fit)")
     a = ap.parse_args(argv)
@@ -153,8 +189,12 @@ def main(argv=None) -> dict:
             groups = groups[shard[0]::shard[1]]
         mine = set(groups)
         lines = [ln for ln in lines if group_of(ln) in mine]
-        print(f"measuring {len(lines)} requests …", flush=True)
-        instances = measure_pairs(world, lines, settings, a.psnr_bound, region_threshold)
+        if a.add_guided_finish:
+            instances = add_guided_finish(world, lines, settings, a.psnr_bound, region_threshold,
+                                          a.add_guided_finish)
+        else:
+            print(f"measuring {len(lines)} requests …", flush=True)
+            instances = measure_pairs(world, lines, settings, a.psnr_bound, region_threshold)
         CAL.save_instances(instances, meas_path)
     max_region = settings.gate.max_region_fraction
     model, fitted = CAL.fit_and_certify(instances, region_threshold, delta=a.delta, holdout=a.holdout,

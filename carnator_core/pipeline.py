@@ -52,6 +52,14 @@ class ReuseSettings:
     # (guided_finish.py: the steps between follow the candidate's stored x̂0); the gate
     # chooses it where it is certified and computes less. 0: calibrate every-step only.
     same_scene_finish_calls: int = 4
+    # The same for reuses with other evidence (edits, other scenes on the same noise). They
+    # need more calls: the changed object is drawn at the computed steps and only M's
+    # surroundings follow the candidate (bench/region_finish_study.py). 0: every step only.
+    other_finish_calls: int = 6
+
+    def finish_calls_for(self, klass: str) -> int:
+        """The guided finish a calibration measures for this evidence class (0: none)."""
+        return self.same_scene_finish_calls if klass == "same_scene" else self.other_finish_calls
 
     def probe_steps(self, steps: int) -> int:
         return max(1, min(steps - 1, math.ceil(self.probe_fraction * steps)))

@@ -64,11 +64,13 @@ def reuse_depths(settings: ReuseSettings, steps: int) -> list[int]:
 
 def measure_direction(request: FullRun, candidate: FullRun, new_run: Callable[[], object],
                       settings: ReuseSettings, region_threshold: float,
-                      outcome: Callable[[torch.Tensor], dict]) -> dict:
+                      outcome: Callable[[torch.Tensor], dict],
+                      finishes: Callable[[str], list[int]] | None = None) -> dict:
     """One instance (``calibration`` module's format): the gate's evidence for ``request``
     against ``candidate`` at the probe step, and ``outcome(final latent)`` of reusing the
     candidate at each depth the gate may choose (``outcome`` returns at least psnr and
-    label)."""
+    label), finished every step and by the evidence class's guided finish — or by
+    ``finishes(evidence class)`` only (0: every step, else a guided finish's calls)."""
     steps = request.record.run.steps
     p = settings.probe_steps(steps)
     new_sig, old_sig = request.record.signature(p - 1), candidate.record.signature(p - 1)
@@ -79,11 +81,16 @@ def measure_direction(request: FullRun, candidate: FullRun, new_run: Callable[[]
         inst["features_step0"] = evidence(new0, old0, new0.similarity(old0), region_threshold)[0]
     if feats["region_fraction"] > settings.gate.max_region_fraction:
         return inst  # the gate rejects it before any depth
-    # a same-scene reuse is measured finished every step and by the guided finish: the gate
+    # a reuse is measured finished every step and by its class's guided finish: the gate
     # certifies both and runs whichever computes less at the budget
-    calls = settings.same_scene_finish_calls if evidence_class(feats) == "same_scene" else 0
+    klass = evidence_class(feats)
+    if finishes is None:
+        calls = settings.finish_calls_for(klass)
+        chosen = [0, calls] if calls else [0]
+    else:
+        chosen = finishes(klass)
     stored_x0 = {s: x.float() for s, x in candidate.record.denoised.items()}
-    for k, finish in [(k, f) for f in ([0, calls] if calls else [0]) for k in reuse_depths(settings, steps)]:
+    for k, finish in [(k, f) for f in chosen for k in reuse_depths(settings, steps)]:
         run = new_run()
         x_k = candidate.record.snapshots[k].float()
         if bool(region.any()):
@@ -101,10 +108,11 @@ def measure_direction(request: FullRun, candidate: FullRun, new_run: Callable[[]
     return inst
 
 
-def pair_id(pair: dict, seed: int, steps: int, finish_calls: int = 0) -> str:
-    """A measured pair's key in the progress file: a pair measured with another guided
-    finish has other labels, so it is measured again (0 keeps the ids of older files)."""
-    key = [pair["a"], pair["b"], seed, steps] + ([f"finish:{finish_calls}"] if finish_calls else [])
+def pair_id(pair: dict, seed: int, steps: int, finish_calls: int = 0, other_finish_calls: int = 0) -> str:
+    """A measured pair's key in the progress file: a pair measured with other guided
+    finishes has other labels, so it is measured again (0 keeps the ids of older files)."""
+    key = ([pair["a"], pair["b"], seed, steps] + ([f"finish:{finish_calls}"] if finish_calls else [])
+           + ([f"other-finish:{other_finish_calls}"] if other_finish_calls else []))
     return hashlib.sha256(json.dumps(key).encode()).hexdigest()[:16]
 
 
@@ -147,7 +155,7 @@ def measure(pairs: list[dict], make_run: Callable[[str, int], object], settings:
     instances: list[dict] = []
     Path(progress_file).parent.mkdir(parents=True, exist_ok=True)
     for i, pair in enumerate(pairs):
-        pid = pair_id(pair, seed, steps, settings.same_scene_finish_calls)
+        pid = pair_id(pair, seed, steps, settings.same_scene_finish_calls, settings.other_finish_calls)
         if pid not in done:
             done[pid] = _measure_pair(pair, seed + int(pair["group"]), make_run, settings, tolerance,
                                       decode, region_threshold, snaps, p)

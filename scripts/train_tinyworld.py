@@ -136,23 +136,39 @@ def bank_path(cache_dir, n, seed, language, captions):
 class Bank:
     """Scenes with paraphrased captions and their MiniLM states (cached under /tmp)."""
 
-    def __init__(self, n, seed, cache_dir="/tmp/carnator_tinyworld", language="caption", broad_share=0.5):
+    def __init__(self, n, seed, cache_dir="/tmp/carnator_tinyworld", language="caption", broad_share=0.5,
+                 second_phrasing=False):
         os.makedirs(cache_dir, exist_ok=True)
         self.scenes, self.captions = bank_captions(n, seed, language, broad_share)
-        path = bank_path(cache_dir, n, seed, language, self.captions)
-        if os.path.exists(path):
-            self.states = load_file(path)["states"]
-        else:
-            t0 = time.time()
-            states = torch.zeros(n, TXT.TEXT_LEN, TXT.STATE_DIM, dtype=torch.float16)
-            for s in range(0, n, 256):
-                states[s:s + 256] = TXT.encode_states(self.captions[s:s + 256]).half()
-                TXT._state_cache.clear()
-                print(f"bank {min(s + 256, n)}/{n} {time.time() - t0:.0f}s", flush=True)
-            save_file({"states": states}, path)
-            self.states = states
-        self.states = TXT.fill_padding(self.states)
+        self.states = self._states(cache_dir, n, seed, language, self.captions)
+        self.second_states = None
+        if second_phrasing:  # another phrasing of every scene, for the consistency loss
+            self.second_captions = second_captions(self.scenes, seed, language, broad_share)
+            self.second_states = self._states(cache_dir, n, seed, language, self.second_captions)
         self.empty = TXT.encode_states([""])[0]
+
+    @staticmethod
+    def _states(cache_dir, n, seed, language, captions):
+        path = bank_path(cache_dir, n, seed, language, captions)
+        if os.path.exists(path):
+            return TXT.fill_padding(load_file(path)["states"])
+        t0 = time.time()
+        states = torch.zeros(n, TXT.TEXT_LEN, TXT.STATE_DIM, dtype=torch.float16)
+        for s in range(0, n, 256):
+            states[s:s + 256] = TXT.encode_states(captions[s:s + 256]).half()
+            TXT._state_cache.clear()
+            print(f"bank {min(s + 256, n)}/{n} {time.time() - t0:.0f}s", flush=True)
+        save_file({"states": states}, path)
+        return TXT.fill_padding(states)
+
+
+def second_captions(scenes, seed, language, broad_share):
+    """A second phrasing of each bank scene, drawn like the first (its own random stream), so
+    the consistency loss sees pairs as different as the bank's own phrasings are."""
+    rng = random.Random(f"second-phrasing-{seed}")
+    if language == "caption":
+        return [WD.caption(s, rng) for s in scenes]
+    return [LANG.training_caption(s, rng, broad_share) for s in scenes]
 
 
 def make_batch(bank, idx, rng_np, drop_p, with_masks=False):
@@ -301,7 +317,8 @@ def train(a):
         print(f"resumed at step {state['step']}", flush=True)
     if ema is None:
         ema = {k: v.detach().clone() for k, v in model.state_dict().items()}
-    bank = Bank(a.bank, a.seed, language=a.language, broad_share=a.broad_share)
+    bank = Bank(a.bank, a.seed, language=a.language, broad_share=a.broad_share,
+                second_phrasing=a.consistency > 0)
     pool = np.arange(len(bank.captions))
     if a.objects:  # curriculum: train on n-object scenes only (a filter of the same cached bank)
         pool = np.array([i for i, sc in enumerate(bank.scenes) if len(sc["objects"]) == a.objects])
@@ -313,7 +330,7 @@ def train(a):
     t_start = time.time()
     t_last_ckpt = time.time()
     t_log = time.time()
-    losses = []
+    losses, consistency_gaps = [], []
     deadline = t_start + a.minutes * 60
     model.train()
     while time.time() < deadline and (a.steps <= 0 or state["step"] < a.steps):
@@ -323,11 +340,24 @@ def train(a):
             lr = min(lr, a.lr * (step - step0 + 1) / a.rewarm)
         for gp in opt.param_groups:
             gp["lr"] = lr
-        idx = pool[rng_np.randint(0, len(pool), size=a.batch)]
-        x0, st, masks = make_batch(bank, idx, rng_np, a.drop, with_masks=True)
+        if a.consistency > 0:
+            # half the batch's scenes, each told twice (bank phrasing, second phrasing) with
+            # the same clip, noise and sigma: the two predictions should be one prediction.
+            half = a.batch // 2
+            idx = pool[rng_np.randint(0, len(pool), size=half)]
+            x0, st, masks = make_batch(bank, idx, rng_np, a.drop, with_masks=True)
+            st2 = bank.second_states[idx].float()
+            dropped = (st == bank.empty).flatten(1).all(1)
+            st2[dropped] = bank.empty
+            x0, masks, st = torch.cat([x0, x0]), torch.cat([masks, masks]), torch.cat([st, st2])
+            sig = sample_sigmas(half, rng_np, a.p_shift, a.p_high, a.high_lo).repeat(2)
+            noise = torch.from_numpy(rng_np.randn(*x0[:half].shape).astype(np.float32)).repeat(2, 1, 1, 1, 1)
+        else:
+            idx = pool[rng_np.randint(0, len(pool), size=a.batch)]
+            x0, st, masks = make_batch(bank, idx, rng_np, a.drop, with_masks=True)
+            sig = sample_sigmas(a.batch, rng_np, a.p_shift, a.p_high, a.high_lo)
+            noise = torch.from_numpy(rng_np.randn(*x0.shape).astype(np.float32))
         ctx = st @ proj
-        sig = sample_sigmas(a.batch, rng_np, a.p_shift, a.p_high, a.high_lo)
-        noise = torch.from_numpy(rng_np.randn(*x0.shape).astype(np.float32))
         s5 = sig.view(-1, 1, 1, 1, 1)
         xt = (1 - s5) * x0 + s5 * noise
         target = noise - x0
@@ -340,7 +370,13 @@ def train(a):
                 w = w + motion_edge_weight(masks, a.edge_weight)
             loss = (err * w).mean() / w.mean()
         else:
+            w = torch.ones_like(err[:, :1])
             loss = err.mean()
+        if a.consistency > 0:
+            half = out.shape[0] // 2
+            gap = (out[:half].float() - out[half:].float()).pow(2)
+            loss = loss + a.consistency * (gap * w[:half]).mean() / w[:half].mean()
+            consistency_gaps.append(gap.mean().item())
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -356,8 +392,9 @@ def train(a):
             el = time.time() - t_start
             state["seconds_run"] = el
             print(f"step {state['step']} samples {state['samples']} loss {np.mean(losses):.4f} lr {lr:.2e} "
-                  f"{a.batch * len(losses) / (time.time() - t_log):.1f} samples/s", flush=True)
-            losses = []
+                  f"{a.batch * len(losses) / (time.time() - t_log):.1f} samples/s"
+                  + (f" phrasing gap {np.mean(consistency_gaps):.4f}" if consistency_gaps else ""), flush=True)
+            losses, consistency_gaps = [], []
             t_log = time.time()
         if time.time() - t_last_ckpt > a.ckpt_every:
             state["seconds"] = state.get("seconds", 0.0) + (time.time() - t_last_ckpt)
@@ -459,7 +496,8 @@ def diagnose(a):
                               for j, k in enumerate(variants)}}
     for b, o in outs.items():
         rep[f"block{b}_cross_attn"] = {k: float((o[0] - o[j + 1]).norm() / o[0].norm()) for j, k in enumerate(variants)}
-    bank = Bank(a.bank, a.seed, language=a.language, broad_share=a.broad_share)
+    bank = Bank(a.bank, a.seed, language=a.language, broad_share=a.broad_share,
+                second_phrasing=a.consistency > 0)
     idx = np.array([i for i, sc in enumerate(bank.scenes) if len(sc["objects"]) == 1][:48])
     rng = np.random.RandomState(0)
     x0, stt = make_batch(bank, idx, rng, 0.0)
@@ -518,6 +556,9 @@ def main():
                         "'broad': tinyworld.language's training families mixed with them (issue 13)")
     p.add_argument("--broad-share", type=float, default=0.5,
                    help="with --language broad, the share of captions from the training families")
+    p.add_argument("--consistency", type=float, default=0.0,
+                   help="weight of a loss tying the predictions for two phrasings of one scene (same "
+                        "clip, noise and sigma) together; half the batch's scenes, each told twice (issue 13)")
     p.add_argument("--bf16", action="store_true")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--ckpt-every", type=float, default=180)

@@ -1,5 +1,6 @@
-"""The guided finish (carnator_core/guided_finish.py): a same-scene reuse computes a few of
-the steps after k* and follows the candidate's stored x̂0 at the others.
+"""The guided finish (carnator_core/guided_finish.py): a reuse computes a few of the steps
+after k* and follows the candidate's stored x̂0 at the others — same-scene reuses with one
+number of calls, reuses with other evidence with their own.
 
 Counted, not timed: model calls go through the adapter's DIFFUSION_MODEL counter; the
 prediction path goes through ComfyUI's PREDICT_NOISE wrapper on a real tiny Wan model.
@@ -223,3 +224,40 @@ def test_entries_store_the_estimates_only_for_a_model_calibrated_with_the_finish
     x0s = _stored_steps(stored, "denoised.")
     assert x0s == sorted(set(_stored_steps(stored, "snapshot.")) | {requests_in.steps - 1})
     assert stored["denoised_steps"].tolist() == x0s
+
+
+def test_the_calibration_measures_each_class_with_its_own_guided_finish(tiny_models, requests_in):
+    """Other evidence (an edit) is measured finished every step *and* by the other class's
+    guided finish at every depth the gate may choose, so the gate can certify both; with
+    that finish set to 0 only every step is measured. Counted on a real tiny Wan model."""
+    from dataclasses import replace
+
+    from carnator_core.gate import evidence_class
+    from carnator_core.self_calibration import compute_full, measure_direction, reuse_depths
+    model = tiny_models["wan21"]
+    settings = requests_in.settings
+    p, steps = settings.probe_steps(requests_in.steps), requests_in.steps
+    snaps = settings.snapshot_steps(steps)
+    full = {t: compute_full(requests_in.run_obj(model, "wan21", t), snaps, p) for t in (PROMPT, RELATED)}
+    runs = []
+
+    def new_run():
+        runs.append(requests_in.run_obj(model, "wan21", RELATED))
+        return runs[-1]
+
+    def measured(other_calls):
+        runs.clear()
+        inst = measure_direction(full[RELATED], full[PROMPT], new_run,
+                                 replace(settings, other_finish_calls=other_calls), 0.35,
+                                 lambda final: {"psnr": 40.0, "label": 0})
+        return inst, [(d["k"], d.get("finish_calls", 0), d.get("predicted_steps")) for d in inst["depths"]]
+
+    inst, depths = measured(3)
+    assert evidence_class(inst["features"]) == "other"
+    ks = reuse_depths(settings, steps)
+    assert [(k, f) for k, f, _ in depths] == [(k, 0) for k in ks] + [(k, 3) for k in ks]
+    # the guided reuses computed 3 of the steps after k (where more than 3 were left)
+    assert all(pred == max(0, steps - k - 3) for k, f, pred in depths if f == 3)
+    assert measured_finish([inst]) == {"other": 3}
+    inst, depths = measured(0)
+    assert [f for _, f, _ in depths] == [0] * len(ks) and measured_finish([inst]) == {}

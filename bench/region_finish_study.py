@@ -1,0 +1,185 @@
+"""Can edits be finished like paraphrases if region M is computed and the rest guided? (issue 10)
+
+    nice .venv/bin/python bench/region_finish_study.py   # bench/results/studies/region_finish.json
+
+Hits with *other* evidence (edits, other scenes on the same noise) finish every step after
+k* today: the guided finish (``carnator_core/guided_finish.py``) loses them, because the
+changed object has to be drawn, and it is the object, inside region M, that the candidate's
+trajectory cannot guide. This study asks what a finish that splits the frame would keep:
+outside M the request follows the candidate's stored x̂0 plus its last measured offset (the
+guided finish), inside M it follows its own model prediction. It runs on pairs of the
+calibration workload through the hit path the calibration measures
+(``self_calibration.measure_direction``: the gate's evidence and region M at the probe,
+M filled by two coarse steps), and finishes each reuse at k = 4…14 of 20 in these ways:
+
+- ``every_step``: every step after k computed (today's finish for these hits);
+- ``guided_C``: today's same-scene guided finish with C calls, the whole frame guided;
+- ``region_C``: C full calls (the guided finish's steps); at the steps between, M's cells
+  take the request's own model prediction and the rest the guided one. The model is run on
+  the whole frame here and only M's share of its output is kept, so this is the *best case*
+  of computing M's tokens alone: a token-sparse step would attend to the outside's keys and
+  values from the last full call instead of fresh ones. Its cost is counted as
+  C + (steps between) × (M's share of the latent cells), in model-call equivalents;
+- ``region_hold_C``: the same C calls, M holding the request's own last computed x̂0 between
+  them (nothing computed between calls; cost C).
+
+PSNR of the decoded frames against the request's own full computation, the share within
+30 dB (the tolerance's PSNR part), and the hit's whole cost (probe + fill + finish) as a
+steps speedup. Same-scene pairs are left out: the guided finish already serves them.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+import torch
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+for p in (os.path.join(REPO, "tests"), os.path.join(REPO, "bench"), REPO):
+    if p not in sys.path:
+        sys.path.insert(0, p)
+
+RESULTS = os.path.join(REPO, "bench", "results")
+KINDS = {"partial": 10, "incompatible_close": 10, "edit_chain": 10, "session_chain": 10, "unrelated": 10}
+DEPTHS = (4, 6, 8, 10, 12, 14)
+CALLS = (4, 5, 6)
+
+
+class RegionGuided:
+    """Outside region M the guided finish's prediction, inside M the request's own: computed
+    at every step (``hold=False``, the model's output kept inside M) or held from the last
+    full call (``hold=True``). The guided finish is the offset bookkeeping underneath."""
+
+    def __init__(self, guided, mask, hold: bool):
+        self.guided, self.mask, self.hold = guided, mask, hold
+        self.own_last = None
+        self.region_steps = 0  # steps where only M's share of a computation was kept
+
+    def predict(self, step):
+        if self.hold and step is not None and step not in self.guided.compute and self.own_last is not None:
+            outside = self.guided.predict(step)
+            if outside is None:
+                return None
+            return torch.lerp(outside, self.own_last.to(outside.device), self.mask.to(outside.device))
+        return None  # compute
+
+    def observe(self, step, x0):
+        if step is None or step in self.guided.compute or self.guided._offset is None:
+            self.guided.observe(step, x0)
+            self.own_last = x0.detach().clone()
+            return
+        outside = self.guided.predict(step)  # counts as a predicted step of the guide
+        if outside is None:
+            return
+        self.region_steps += 1
+        # the computed output stays inside M only (the sampler receives this tensor)
+        x0.copy_(torch.lerp(outside.to(x0.device, x0.dtype), x0, self.mask.to(x0.device, x0.dtype)))
+
+
+def main(argv=None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--psnr-bound", type=float, default=30.0)
+    ap.add_argument("--scale", type=float, default=1.0, help="share of the pairs per kind (smoke runs)")
+    ap.add_argument("--out", default=os.path.join(RESULTS, "studies", "region_finish.json"))
+    a = ap.parse_args(argv)
+    from calibrate import _load_bench, group_of
+    bench = _load_bench()
+    from carnator_core.calibration import RiskModel
+    from carnator_core.guided_finish import GuidedFinish
+    from carnator_core.pipeline import ReuseSettings, fill_region
+    from carnator_core.self_calibration import evidence, evidence_class
+    from carnator_core.signature import tiles_to_latent_mask
+    settings = ReuseSettings()
+    world = bench.World(bench.DEFAULT_MODEL, steps=a.steps)
+    n, p = world.steps, settings.probe_steps(a.steps)
+    snaps = settings.snapshot_steps(n)
+    region_threshold = RiskModel().region_threshold
+    _, lines = bench.load_workload("calibration")
+    groups: dict = {}
+    for ln in lines:
+        groups.setdefault(group_of(ln), []).append(ln)
+    want = {k: max(1, round(v * a.scale)) for k, v in KINDS.items()}
+    rows, t0 = [], time.time()
+    for g, members in sorted(groups.items(), key=lambda kv: str(kv[0])):
+        kind = members[0].get("kind")
+        if want.get(kind, 0) <= 0 or len(members) < 2:
+            continue
+        full = [world.full(ln["prompt"], int(ln["seed"]), ln.get("seed_policy", "same_seed"), snaps, p)
+                for ln in members[:2]]
+        req, cand, line = full[1], full[0], members[1]  # the later request reuses the earlier
+        new_sig, old_sig = req["record"].signature(p - 1), cand["record"].signature(p - 1)
+        feats, region = evidence(new_sig, old_sig, new_sig.similarity(old_sig), region_threshold)
+        if evidence_class(feats) == "same_scene" or feats["region_fraction"] > settings.gate.max_region_fraction:
+            continue  # the guided finish serves the first; the gate rejects the second
+        want[kind] -= 1
+        run0 = world.new_run(line["prompt"], int(line["seed"]), line.get("seed_policy", "same_seed"))
+        mask = tiles_to_latent_mask(region, req["record"].grid, run0.latent_shape).float()
+        share = float(mask.mean())
+        stored_x0 = {s: x.float() for s, x in cand["record"].denoised.items()}
+        row = {"group": str(g), "kind": kind, "region_share": round(share, 3), "depths": {}}
+        for k in DEPTHS:
+            out = {}
+
+            def finish(name, make_guide, cost_of):
+                run = world.new_run(line["prompt"], int(line["seed"]), line.get("seed_policy", "same_seed"))
+                x_k = cand["record"].snapshots[k].float()
+                if bool(region.any()):
+                    start, fill = fill_region(run, x_k, region, req["record"].grid, req["x0_probe"],
+                                              req["x_probe"], p, k, settings.region_fill_calls)
+                else:
+                    start, fill = run.boundary_from_sampler_space(x_k, k), 0
+                guide = make_guide(run)
+                v = world.video(run.sample(k, n, start, guide=guide))
+                q = bench.psnr(v, req["video"])
+                cost = p + fill + cost_of(guide)
+                out[name] = {"psnr": round(q, 2), "ok": q >= a.psnr_bound, "cost": round(cost, 2),
+                             "speedup": round(n / cost, 3)}
+
+            finish("every_step", lambda run: None, lambda gd: n - k)
+            for c in CALLS:
+                finish(f"guided_{c}", lambda run, c=c: GuidedFinish(run.sigmas, stored_x0, k, c),
+                       lambda gd: n - k - gd.predicted)
+                finish(f"region_{c}", lambda run, c=c: RegionGuided(GuidedFinish(run.sigmas, stored_x0, k, c), mask, False),
+                       lambda gd: len(gd.guided.compute) + gd.region_steps * share)
+                finish(f"region_hold_{c}", lambda run, c=c: RegionGuided(GuidedFinish(run.sigmas, stored_x0, k, c), mask, True),
+                       lambda gd: len(gd.guided.compute))
+            row["depths"][str(k)] = out
+        rows.append(row)
+        print(f"{len(rows)} pairs ({kind}, M {share:.0%}), {time.time() - t0:.0f} s", flush=True)
+        if not any(v > 0 for v in want.values()):
+            break
+    summary: dict = {}
+    for kind in list(KINDS) + ["all"]:
+        mine = [r for r in rows if kind in (r["kind"], "all")]
+        if not mine:
+            continue
+        summary[kind] = {"pairs": len(mine),
+                         "mean_region_share": round(sum(r["region_share"] for r in mine) / len(mine), 3)}
+        for k in DEPTHS:
+            for name in mine[0]["depths"][str(k)]:
+                got = [r["depths"][str(k)][name] for r in mine]
+                summary[kind].setdefault(str(k), {})[name] = {
+                    "within": sum(x["ok"] for x in got), "pairs": len(got),
+                    "mean_psnr": round(sum(min(x["psnr"], 60.0) for x in got) / len(got), 2),
+                    "mean_speedup": round(len(got) / sum(1 / x["speedup"] for x in got), 3)}
+    res = {"steps": n, "probe_steps": p, "psnr_bound": a.psnr_bound, "calls": CALLS, "depths": DEPTHS,
+           "fill_calls": settings.region_fill_calls, "summary": summary, "pairs": rows,
+           "seconds": round(time.time() - t0, 1)}
+    os.makedirs(os.path.dirname(a.out), exist_ok=True)
+    with open(a.out, "w") as f:
+        json.dump(res, f, indent=1)
+    for kind, by_k in summary.items():
+        print(f"{kind}: {by_k['pairs']} pairs, M {by_k['mean_region_share']:.0%} of the cells")
+        for k in DEPTHS:
+            v = by_k[str(k)]
+            print(f"  k={k:>2} " + " | ".join(f"{m} {x['within']}/{x['pairs']} {x['mean_psnr']:.1f}dB "
+                                            f"{x['mean_speedup']:.2f}x" for m, x in v.items()))
+    return res
+
+
+if __name__ == "__main__":
+    main()
