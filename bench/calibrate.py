@@ -96,7 +96,7 @@ def add_guided_finish(world, lines: list[dict], settings, psnr_bound: float, reg
     from carnator_core.gate import evidence_class
     calls = settings.other_finish_calls
     if calls <= 0:
-        raise SystemExit("--add-guided-finish: ReuseSettings.other_finish_calls is 0, nothing to add")
+        raise SystemExit("--add-guided-finish needs --other-finish-calls N (the finish to measure)")
     stored = {(str(i["group"]), i["prompt"], i["candidate_prompt"]): i
               for path in measured_files for i in CAL.load_instances(path)}
     mine = {str(group_of(ln)) for ln in lines}
@@ -144,6 +144,10 @@ def main(argv=None) -> dict:
     ap.add_argument("--same-scene-groups-of", nargs="+", default=None, metavar="JSONL",
                     help="only the pair groups with same-scene evidence in these measurement files "
                          "(re-measure them after changing the guided finish; merge with --replace-into)")
+    ap.add_argument("--other-finish-calls", type=int, default=None,
+                    help="also measure other-evidence reuses with a guided finish of this many calls "
+                         "(ReuseSettings.other_finish_calls; off by default, see "
+                         "bench/region_finish_study.py)")
     ap.add_argument("--add-guided-finish", nargs="+", default=None, metavar="JSONL",
                     help="measure only the guided finish of other-evidence reuses "
                          "(ReuseSettings.other_finish_calls) for the pairs of these measurement "
@@ -163,6 +167,8 @@ def main(argv=None) -> dict:
     settings = ReuseSettings(probe_fraction=0.1, gate=GateSettings())
     if a.fill_calls is not None:
         settings.region_fill_calls = a.fill_calls
+    if a.other_finish_calls is not None:
+        settings.other_finish_calls = a.other_finish_calls
     region_threshold = RiskModel().region_threshold
     os.makedirs(a.results, exist_ok=True)
     shard = tuple(int(x) for x in a.shard.split("/")) if a.shard else None

@@ -26,6 +26,18 @@ M filled by two coarse steps), and finishes each reuse at k = 4…14 of 20 in th
 PSNR of the decoded frames against the request's own full computation, the share within
 30 dB (the tolerance's PSNR part), and the hit's whole cost (probe + fill + finish) as a
 steps speedup. Same-scene pairs are left out: the guided finish already serves them.
+
+Then the calibration's verdict on the finish this study points to (6 calls), on all 1,280
+calibration directions with the whole tolerance (PSNR and the checker):
+
+    nice .venv/bin/python bench/calibrate.py --other-finish-calls 6 --shard 0/2 \
+        --add-guided-finish bench/results/calibration_measurements.*-of-2.jsonl --results out/cal_other
+    (the same with --shard 1/2; the guided reuses alone: bench/results/studies/other_guided_finish.jsonl)
+    .venv/bin/python bench/region_finish_study.py --calibration-labels \
+        bench/results/studies/other_guided_finish.jsonl     # → studies/other_guided_finish.json
+
+failure rates by pair kind and depth, both finishes, and what Learn-then-Test certifies for
+the guided finish when the calibration includes it (the committed calibration does not).
 """
 from __future__ import annotations
 
@@ -79,13 +91,58 @@ class RegionGuided:
         x0.copy_(torch.lerp(outside.to(x0.device, x0.dtype), x0, self.mask.to(x0.device, x0.dtype)))
 
 
+def calibration_verdict(guided_file: str, out: str) -> dict:
+    """Failure rates of other-evidence reuses by kind and depth, finished every step (the
+    committed calibration's measurements) and by the guided finish (``guided_file``), and the
+    thresholds Learn-then-Test certifies when the calibration holds both."""
+    from carnator_core import calibration as CAL
+    from carnator_core.gate import RiskModel, evidence_class
+    paths = [os.path.join(RESULTS, f"calibration_measurements.{i}-of-2.jsonl") for i in (0, 1)]
+    instances = [i for p in paths for i in CAL.load_instances(p)]
+    guided = {(str(g["group"]), g["prompt"], g["candidate_prompt"]): g["depths"]
+              for g in CAL.load_instances(guided_file)}
+    rates: dict = {}
+    for inst in instances:
+        if evidence_class(inst["features"]) != "other":
+            continue
+        inst["depths"] = inst["depths"] + guided.get((str(inst["group"]), inst["prompt"], inst["candidate_prompt"]), [])
+        for d in inst["depths"]:
+            for kind in (inst["kind"], "all"):
+                r = rates.setdefault(kind, {}).setdefault(str(d["k"]), {}).setdefault(
+                    "guided" if d.get("finish_calls") else "every_step", {"reuses": 0, "beyond": 0, "psnr_below": 0})
+                r["reuses"] += 1
+                r["beyond"] += int(d["label"])
+                r["psnr_below"] += int(d["psnr"] < 30.0)
+    for by_k in rates.values():
+        for by_f in by_k.values():
+            for r in by_f.values():
+                r["rate"] = round(r["beyond"] / r["reuses"], 4)
+    model, report = CAL.fit_and_certify(instances, RiskModel().region_threshold)
+    cert = {key: {a: {k: v for k, v in b.items() if k in ("threshold", "accepted", "failures", "upper_bound")}
+                  for a, b in c["budgets"].items()}
+            for key, c in report["certification"]["classes"].items() if key.startswith("other")}
+    res = {"guided_calls": sorted({d["finish_calls"] for ds in guided.values() for d in ds}),
+           "failure_rates": rates, "certified_with_both": cert, "finish_calls": model.finish_calls}
+    with open(out, "w") as f:
+        json.dump(res, f, indent=1)
+    for k, v in rates["all"].items():
+        print(f"k={k:>2}: every step {v['every_step']['rate']:.1%}, guided {v.get('guided', {}).get('rate', float('nan')):.1%}")
+    for key, c in cert.items():
+        print(key, {a: b["threshold"] for a, b in c.items()})
+    return res
+
+
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--psnr-bound", type=float, default=30.0)
     ap.add_argument("--scale", type=float, default=1.0, help="share of the pairs per kind (smoke runs)")
     ap.add_argument("--out", default=os.path.join(RESULTS, "studies", "region_finish.json"))
+    ap.add_argument("--calibration-labels", default=None, metavar="JSONL",
+                    help="summarise the calibration's guided-finish measurements instead (see above)")
     a = ap.parse_args(argv)
+    if a.calibration_labels:
+        return calibration_verdict(a.calibration_labels, os.path.join(RESULTS, "studies", "other_guided_finish.json"))
     from calibrate import _load_bench, group_of
     bench = _load_bench()
     from carnator_core.calibration import RiskModel

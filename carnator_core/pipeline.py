@@ -52,10 +52,12 @@ class ReuseSettings:
     # (guided_finish.py: the steps between follow the candidate's stored x̂0); the gate
     # chooses it where it is certified and computes less. 0: calibrate every-step only.
     same_scene_finish_calls: int = 4
-    # The same for reuses with other evidence (edits, other scenes on the same noise). They
-    # need more calls: the changed object is drawn at the computed steps and only M's
-    # surroundings follow the candidate (bench/region_finish_study.py). 0: every step only.
-    other_finish_calls: int = 6
+    # The same for reuses with other evidence (edits, other scenes on the same noise); off by
+    # default. Measured on the tiny world's calibration (bench/region_finish_study.py):
+    # 6 calls fail 4.4% of these reuses at k = 8 of 20 and 7.9% at 10, where every step fails
+    # 1.2% and 5.2%, so Learn-then-Test certified it only at α ≥ 0.3 — and measuring it
+    # costs a calibration about 40% more. The changed object needs its own computed steps.
+    other_finish_calls: int = 0
 
     def finish_calls_for(self, klass: str) -> int:
         """The guided finish a calibration measures for this evidence class (0: none)."""

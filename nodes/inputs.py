@@ -57,7 +57,7 @@ def finish_inputs() -> list:
     """Last on its nodes, so workflows saved before it keep their widget positions."""
     return [
         io.Boolean.Input("guided_finish", default=True, optional=True,
-                         tooltip="A hit may compute only a few of the steps after k* (4 for a paraphrase, 6 for an edit) and follow the matched entry's stored trajectory between them — where this model's calibration certified that finish at your risk budget and it computes less (else every step runs)."),
+                         tooltip="A same-scene hit may compute only a few of the steps after k* and follow the matched entry's stored trajectory between them — where this model's calibration certified that finish at your risk budget and it computes less (else every step runs)."),
     ]
 
 
