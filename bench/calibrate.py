@@ -148,6 +148,9 @@ def main(argv=None) -> dict:
                     help="also measure other-evidence reuses with a guided finish of this many calls "
                          "(ReuseSettings.other_finish_calls; off by default, see "
                          "bench/region_finish_study.py)")
+    ap.add_argument("--other-finish-region", action="store_true",
+                    help="with --other-finish-calls: compute region M's tokens between the calls "
+                         "(ReuseSettings.other_finish_region, carnator_core/region_compute.py)")
     ap.add_argument("--add-guided-finish", nargs="+", default=None, metavar="JSONL",
                     help="measure only the guided finish of other-evidence reuses "
                          "(ReuseSettings.other_finish_calls) for the pairs of these measurement "
@@ -169,6 +172,7 @@ def main(argv=None) -> dict:
         settings.region_fill_calls = a.fill_calls
     if a.other_finish_calls is not None:
         settings.other_finish_calls = a.other_finish_calls
+    settings.other_finish_region = a.other_finish_region
     region_threshold = RiskModel().region_threshold
     os.makedirs(a.results, exist_ok=True)
     shard = tuple(int(x) for x in a.shard.split("/")) if a.shard else None

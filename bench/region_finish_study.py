@@ -21,7 +21,10 @@ M filled by two coarse steps), and finishes each reuse at k = 4…14 of 20 in th
   values from the last full call instead of fresh ones. Its cost is counted as
   C + (steps between) × (M's share of the latent cells), in model-call equivalents;
 - ``region_hold_C``: the same C calls, M holding the request's own last computed x̂0 between
-  them (nothing computed between calls; cost C).
+  them (nothing computed between calls; cost C);
+- ``tokens_C``: the real thing (``carnator_core/region_compute.py``): between the C full
+  calls the model computes M's tokens alone, attending to the outside's keys and values
+  kept from the last full call; cost C + (steps between) × (M's share of the tokens).
 
 PSNR of the decoded frames against the request's own full computation, the share within
 30 dB (the tolerance's PSNR part), and the hit's whole cost (probe + fill + finish) as a
@@ -138,6 +141,9 @@ def main(argv=None) -> dict:
     ap.add_argument("--psnr-bound", type=float, default=30.0)
     ap.add_argument("--scale", type=float, default=1.0, help="share of the pairs per kind (smoke runs)")
     ap.add_argument("--out", default=os.path.join(RESULTS, "studies", "region_finish.json"))
+    ap.add_argument("--variants", nargs="+", default=None,
+                    help="only these finishes (every_step, guided, region, region_hold, tokens)")
+    ap.add_argument("--calls", nargs="+", type=int, default=list(CALLS))
     ap.add_argument("--calibration-labels", default=None, metavar="JSONL",
                     help="summarise the calibration's guided-finish measurements instead (see above)")
     a = ap.parse_args(argv)
@@ -150,8 +156,12 @@ def main(argv=None) -> dict:
     from carnator_core.pipeline import ReuseSettings, fill_region
     from carnator_core.self_calibration import evidence, evidence_class
     from carnator_core.signature import tiles_to_latent_mask
+    from carnator_core.region_compute import RegionFinish
     settings = ReuseSettings()
     world = bench.World(bench.DEFAULT_MODEL, steps=a.steps)
+
+    def want_variant(name):
+        return a.variants is None or name in a.variants
     n, p = world.steps, settings.probe_steps(a.steps)
     snaps = settings.snapshot_steps(n)
     region_threshold = RiskModel().region_threshold
@@ -176,8 +186,11 @@ def main(argv=None) -> dict:
         run0 = world.new_run(line["prompt"], int(line["seed"]), line.get("seed_policy", "same_seed"))
         mask = tiles_to_latent_mask(region, req["record"].grid, run0.latent_shape).float()
         share = float(mask.mean())
+        token_share = run0.compute_region(mask).share if want_variant("tokens") else share
+        run0.compute_region(None)
         stored_x0 = {s: x.float() for s, x in cand["record"].denoised.items()}
-        row = {"group": str(g), "kind": kind, "region_share": round(share, 3), "depths": {}}
+        row = {"group": str(g), "kind": kind, "region_share": round(share, 3),
+               "token_share": round(token_share, 3), "depths": {}}
         for k in DEPTHS:
             out = {}
 
@@ -196,14 +209,25 @@ def main(argv=None) -> dict:
                 out[name] = {"psnr": round(q, 2), "ok": q >= a.psnr_bound, "cost": round(cost, 2),
                              "speedup": round(n / cost, 3)}
 
-            finish("every_step", lambda run: None, lambda gd: n - k)
-            for c in CALLS:
-                finish(f"guided_{c}", lambda run, c=c: GuidedFinish(run.sigmas, stored_x0, k, c),
-                       lambda gd: n - k - gd.predicted)
-                finish(f"region_{c}", lambda run, c=c: RegionGuided(GuidedFinish(run.sigmas, stored_x0, k, c), mask, False),
-                       lambda gd: len(gd.guided.compute) + gd.region_steps * share)
-                finish(f"region_hold_{c}", lambda run, c=c: RegionGuided(GuidedFinish(run.sigmas, stored_x0, k, c), mask, True),
-                       lambda gd: len(gd.guided.compute))
+            def tokens(run, c):
+                run.compute_region(mask)
+                return RegionFinish(GuidedFinish(run.sigmas, stored_x0, k, c), mask)
+
+            if want_variant("every_step"):
+                finish("every_step", lambda run: None, lambda gd: n - k)
+            for c in a.calls:
+                if want_variant("guided"):
+                    finish(f"guided_{c}", lambda run, c=c: GuidedFinish(run.sigmas, stored_x0, k, c),
+                           lambda gd: n - k - gd.predicted)
+                if want_variant("region"):
+                    finish(f"region_{c}", lambda run, c=c: RegionGuided(GuidedFinish(run.sigmas, stored_x0, k, c), mask, False),
+                           lambda gd: len(gd.guided.compute) + gd.region_steps * share)
+                if want_variant("region_hold"):
+                    finish(f"region_hold_{c}", lambda run, c=c: RegionGuided(GuidedFinish(run.sigmas, stored_x0, k, c), mask, True),
+                           lambda gd: len(gd.guided.compute))
+                if want_variant("tokens"):
+                    finish(f"tokens_{c}", lambda run, c=c: tokens(run, c),
+                           lambda gd: len(gd.compute) + gd.region_steps * token_share)
             row["depths"][str(k)] = out
         rows.append(row)
         print(f"{len(rows)} pairs ({kind}, M {share:.0%}), {time.time() - t0:.0f} s", flush=True)
@@ -223,7 +247,7 @@ def main(argv=None) -> dict:
                     "within": sum(x["ok"] for x in got), "pairs": len(got),
                     "mean_psnr": round(sum(min(x["psnr"], 60.0) for x in got) / len(got), 2),
                     "mean_speedup": round(len(got) / sum(1 / x["speedup"] for x in got), 3)}
-    res = {"steps": n, "probe_steps": p, "psnr_bound": a.psnr_bound, "calls": CALLS, "depths": DEPTHS,
+    res = {"steps": n, "probe_steps": p, "psnr_bound": a.psnr_bound, "calls": a.calls, "depths": DEPTHS,
            "fill_calls": settings.region_fill_calls, "summary": summary, "pairs": rows,
            "seconds": round(time.time() - t0, 1)}
     os.makedirs(os.path.dirname(a.out), exist_ok=True)

@@ -79,9 +79,9 @@ def gate_decision(model: RiskModel, inst: dict, alpha: float, max_region_fractio
     return min(picks, key=lambda d: (_cost(d), d.get("finish_calls", 0))) if picks else None
 
 
-def _cost(d: dict) -> int:
+def _cost(d: dict) -> float:
     steps = round(d["k"] / d["depth_fraction"])
-    return finish_cost(d["k"], steps, d.get("finish_calls", 0))
+    return finish_cost(d["k"], steps, d.get("finish_calls", 0), d.get("token_share", 0.0))
 
 
 def _finished(depths: list[dict], finish_calls: int) -> list[dict]:
@@ -179,6 +179,7 @@ def fit_and_certify(instances: list[dict], region_threshold: float, delta: float
                          "certification part; measure more pairs")
     model = fit(train, region_threshold, form=form)
     model.finish_calls = measured_finish(instances)
+    model.finish_region = measured_region_finish(instances)
     certification = certify_model(model, held, delta=delta, max_region_fraction=max_region_fraction)
     model.source += (f"; thresholds certified by Learn-then-Test on {certification['instances']} "
                      f"held-out pairs at {1 - delta:.0%} confidence")
@@ -209,6 +210,21 @@ def measured_finish(instances: list[dict]) -> dict[str, int]:
     if mixed:
         raise ValueError(f"measurements mix guided finishes {mixed}: measure each class with one")
     return {klass: calls.pop() for klass, calls in seen.items()}
+
+
+def measured_region_finish(instances: list[dict]) -> dict[str, bool]:
+    """Evidence classes whose guided finish was measured computing region M's tokens between
+    its calls (depths carrying ``region_steps``); a class measured both ways is an error."""
+    seen: dict[str, set[bool]] = {}
+    for inst in instances:
+        for d in inst["depths"]:
+            if d.get("finish_calls"):
+                seen.setdefault(evidence_class(inst["features"]), set()).add("region_steps" in d)
+    mixed = sorted(k for k, v in seen.items() if len(v) > 1)
+    if mixed:
+        raise ValueError(f"the guided finish of {mixed} was measured with and without region M's "
+                         "own computation: measure each class one way")
+    return {klass: True for klass, ways in seen.items() if True in ways}
 
 
 def calibration_path(cache_folder: str | Path, model_fingerprint: str) -> Path:

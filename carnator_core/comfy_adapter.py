@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+import math
 import os
 import weakref
 from dataclasses import dataclass, field
@@ -28,6 +29,7 @@ import comfy.utils
 
 from . import experts
 from .keys import CompatibilityClass, digest, sigma_schedule_digest, tensor_digest
+from .region_compute import RegionCompute, token_index
 from .signature import VIDEO_PATCHES
 from .sparse_reuse import AttentionPlan, SparseSettings
 
@@ -222,6 +224,8 @@ class StepRecorder:
     attention_layer: int = 0                 # self-attention calls seen in this model call
     joint_text_first: bool = False           # joint attention puts text tokens before image ones
     guide: Any = None                        # guided_finish.GuidedFinish of a reuse's finish
+    region: Any = None                       # region_compute.RegionCompute: M's tokens only
+    region_calls: int = 0                    # model calls that computed M's tokens only
 
     def step_of(self, sigma: torch.Tensor | None) -> int | None:
         if sigma is None:
@@ -268,7 +272,12 @@ def patched_for_recording(model, recorder: StepRecorder, expert: str | None = No
     m = model.clone()
 
     def count_calls(executor, *args, **kwargs):
-        recorder.model_calls += 1
+        region = recorder.region
+        if region is not None and region.mode == "region":
+            recorder.region_calls += 1
+            region.region_calls += 1
+        else:
+            recorder.model_calls += 1
         if expert is not None:
             recorder.expert_calls[expert] = recorder.expert_calls.get(expert, 0) + 1
         recorder.attention_layer = 0
@@ -286,7 +295,15 @@ def patched_for_recording(model, recorder: StepRecorder, expert: str | None = No
             predicted = guide.predict(step)
             if predicted is not None:
                 return predicted.to(device=x.device, dtype=x.dtype)
-        out = executor(x, timestep, model_options, seed)
+        region = recorder.region
+        if region is not None:  # a region finish: M's tokens only between its full calls
+            wants = getattr(guide, "region_step", None)
+            region.mode = "region" if wants is not None and wants(step) else "record"
+        try:
+            out = executor(x, timestep, model_options, seed)
+        finally:
+            if region is not None:
+                region.mode = None
         if guide is not None:
             guide.observe(step, out)
         return out
@@ -320,6 +337,40 @@ def patched_for_recording(model, recorder: StepRecorder, expert: str | None = No
     return m
 
 
+def _install_region_blocks(m, recorder: StepRecorder, n_blocks: int) -> None:
+    """Block patches that, on a region call, run every block on region M's tokens alone
+    (the first cuts the sequence down, the last puts it back) and otherwise pass through;
+    each chains to the patch that was on its block before (ours, or another pack's)."""
+    replace = m.model_options.get("transformer_options", {}).get("patches_replace", {}).get("dit", {})
+    for i in range(n_blocks):
+        previous = replace.get(("double_block", i))
+
+        def region_block(args, extra, previous=previous, first=(i == 0), last=(i == n_blocks - 1)):
+            def run(a):
+                return previous(a, extra) if previous is not None else extra["original_block"](a)
+
+            region = recorder.region
+            if region is None or region.mode is None:
+                return run(args)
+            chunk = tuple(args.get("transformer_options", {}).get("cond_or_uncond") or ())
+            if first:
+                region.begin_call()
+            region.expect_self = True
+            if region.mode == "record":
+                out = run(args)
+                if last:
+                    region.keep_last(chunk, out["img"])
+                return out
+            cut = {name: (region.gather(t) if region.takes(t) else t) for name, t in args.items()
+                   if name in ("img", "pe", "vec")}
+            out = dict(run({**args, **cut}))
+            if last:
+                out["img"] = region.scatter(chunk, out["img"])
+            return out
+
+        m.set_model_patch_replace(region_block, "dit", "double_block", i)
+
+
 # newer ComfyUI also resizes an empty latent by its downscale ratios, as KSampler passes them
 _FIX_LATENT_KEYS = [k for k in ("downscale_ratio_spacial", "downscale_ratio_temporal")
                     if k in inspect.signature(comfy.sample.fix_empty_latent_channels).parameters]
@@ -341,6 +392,17 @@ def install_attention_override(m, recorder: StepRecorder) -> None:
     def override(func, *args, **kwargs):
         def dense():
             return previous(func, *args, **kwargs) if previous is not None else func(*args, **kwargs)
+
+        region = recorder.region
+        if region is not None and region.mode and region.expect_self and len(args) >= 3:
+            # a block's self-attention under a region finish (region_compute.py)
+            q, k, v = args[:3]
+            dim = 2 if kwargs.get("skip_reshape", False) else 1
+            chunk = tuple(kwargs.get("transformer_options", {}).get("cond_or_uncond") or ())
+            k, v = region.self_attention(chunk, k, v, dim)
+            if region.mode == "region":
+                args = (q, k, v) + tuple(args[3:])
+                return previous(func, *args, **kwargs) if previous is not None else func(*args, **kwargs)
 
         plan = recorder.attention
         heads = args[3] if len(args) > 3 else kwargs.get("heads")  # Wan passes heads= by name
@@ -401,6 +463,7 @@ class Expert:
     model: Any
     sigmas: torch.Tensor
     patched: Any = None
+    region_patched: bool = False  # its clone carries the region blocks (compute_region)
 
 
 class ComfyRun:
@@ -540,6 +603,28 @@ class ComfyRun:
             return self._sample_path(list(range(start, end + 1)), latent, noise, callback, fresh)
         finally:
             self.recorder.guide = None
+
+    def compute_region(self, mask: torch.Tensor | None) -> RegionCompute | None:
+        """From now on, model calls a ``RegionFinish`` marks compute only the tokens of this
+        latent mask (None: stop). Wan-layout models only (their blocks take per-token inputs
+        by the names ComfyUI's block patches pass); others raise ValueError."""
+        if mask is None:
+            self.recorder.region = None
+            return None
+        from comfy.ldm.wan.model import WanModel
+        patch = model_patch_size(self.model)
+        net = self.model.get_model_object("diffusion_model")
+        blocks = _find_block_list(net)
+        if patch is None or blocks is None or not isinstance(net, WanModel):
+            raise ValueError(f"computing region M alone needs a Wan-layout model, not {self.backbone}")
+        shape = self.latent_image.shape[-3:]
+        n_tokens = math.prod(-(-s // p) for s, p in zip(shape, patch))
+        self.recorder.region = RegionCompute(token_index(mask, patch), n_tokens)
+        for e in self.experts:
+            if not getattr(e, "region_patched", False):
+                _install_region_blocks(e.patched, self.recorder, len(blocks))
+                e.region_patched = True
+        return self.recorder.region
 
     def jump(self, start: int, end: int, boundary_latent: torch.Tensor, calls: int) -> torch.Tensor:
         """The request's own trajectory from step ``start`` to ``end`` in ``calls`` model steps

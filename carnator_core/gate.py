@@ -37,9 +37,13 @@ def option_key(klass: str, finish_calls: int) -> str:
     return f"{klass}:guided" if finish_calls else klass
 
 
-def finish_cost(k: int, steps: int, finish_calls: int) -> int:
-    """Model steps after k*: every remaining one, or the guided finish's calls."""
-    return steps - k if not finish_calls else min(finish_calls, steps - k)
+def finish_cost(k: int, steps: int, finish_calls: int, region_share: float = 0.0) -> float:
+    """Model steps after k*: every remaining one, or the guided finish's calls — plus, for a
+    finish that computes region M's tokens between its calls, those steps at M's share."""
+    if not finish_calls:
+        return steps - k
+    calls = min(finish_calls, steps - k)
+    return calls + (steps - k - calls) * region_share
 
 
 def evidence_class(features: dict[str, float]) -> str:
@@ -90,6 +94,9 @@ class RiskModel:
     # many model calls ({"same_scene": 3}); its thresholds are certified apart, under the key
     # option_key(class, calls). A class not named always finishes every remaining step.
     finish_calls: dict[str, int] = field(default_factory=dict)
+    # Classes whose guided finish computes region M's tokens between its calls
+    # (region_compute.py; {"other": True}), as their reuses were measured.
+    finish_region: dict[str, bool] = field(default_factory=dict)
 
     def scaled(self, features: dict[str, float]) -> dict[str, float]:
         """The evidence as the weights see it (depth_fraction passes through)."""
@@ -269,6 +276,7 @@ class Plan:
     features: dict[str, float] | None = None
     reason: str = ""
     finish_calls: int = 0                  # 0: every step after k*; else a guided finish's calls
+    finish_region: bool = False            # the guided finish computes M's tokens between its calls
 
     @property
     def region_fraction(self) -> float:
@@ -341,7 +349,7 @@ def decide(new: EarlySignature, candidates: list[tuple[str, EarlySignature, floa
         if not verdicts:
             return Plan(False, reason="no candidates"), verdicts
         return verdicts[0], verdicts  # the best-ranked candidate's verdict explains the miss
-    accepted.sort(key=lambda p: (finish_cost(p.reuse_step, steps, p.finish_calls), p.risk))
+    accepted.sort(key=lambda p: (_cost(p, steps), p.risk))
     return accepted[0], verdicts
 
 
@@ -354,7 +362,12 @@ def _cheapest_acceptable(feats: dict[str, float], depths: list[int], steps: int,
     accepted = [p for p in plans if p.accept]
     if not accepted:
         return plans[0]  # the every-step finish's verdict explains the miss
-    return min(accepted, key=lambda p: (finish_cost(p.reuse_step, steps, p.finish_calls), p.finish_calls))
+    return min(accepted, key=lambda p: (_cost(p, steps), p.finish_calls))
+
+
+def _cost(plan: Plan, steps: int) -> float:
+    return finish_cost(plan.reuse_step, steps, plan.finish_calls,
+                       plan.region_fraction if plan.finish_region else 0.0)
 
 
 def _deepest_acceptable(feats: dict[str, float], depths: list[int], steps: int,
@@ -373,13 +386,15 @@ def _deepest_acceptable(feats: dict[str, float], depths: list[int], steps: int,
     how = (f"{klass.replace('_', '-')} evidence, certified at budget {certified[0]:.1%} with "
            f"{model.confidence:.0%} confidence" if certified else f"≤ budget {alpha:.1%}")
     if finish_calls:
-        how += f", guided finish of {finish_calls} calls"
+        how += f", guided finish of {finish_calls} calls" + (
+            " with region M computed between them" if model.finish_region.get(klass) else "")
     for k in depths:
         f = {**feats, "depth_fraction": k / steps}
         if model.accepts(f, alpha, finish_calls):
             r = model.risk(f)
+            region = bool(finish_calls and model.finish_region.get(klass))
             return Plan(True, reuse_step=k, risk=r, features=f, finish_calls=finish_calls,
-                        reason=f"risk {r:.1%} at k*={k} ({how})", **base)
+                        finish_region=region, reason=f"risk {r:.1%} at k*={k} ({how})", **base)
     f = {**feats, "depth_fraction": depths[-1] / steps}
     r = model.risk(f)
     return Plan(False, risk=r, features=f, reason=(

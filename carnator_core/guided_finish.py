@@ -64,9 +64,13 @@ class GuidedFinish:
         w = float((s[lo] - s[step]) / (s[lo] - s[hi]))
         return torch.lerp(self.stored[lo].float(), self.stored[hi].float(), w)
 
+    def can_predict(self, step: int | None) -> bool:
+        """Whether ``predict`` would answer at ``step`` (a skipped step after a computed one)."""
+        return step is not None and step not in self.compute and self._offset is not None
+
     def predict(self, step: int | None) -> torch.Tensor | None:
         """The request's x̂0 at ``step`` without the model, or None: compute it."""
-        if step is None or step in self.compute or self._offset is None:
+        if not self.can_predict(step):
             return None
         last, offset = self._offset
         self.predicted += 1

@@ -28,6 +28,7 @@ from .sparse_reuse import CONNECTIVITY_KEYS, Connectivity, SparseSettings
 from .calibration_status import model_status, status_line
 from .tolerance import psnr
 from .guided_finish import GuidedFinish
+from .region_compute import RegionFinish
 from .signature import (EarlySignature, pool_latent_tiles, pool_token_tiles, tile_grid_for,
                         tiles_to_latent_mask)
 
@@ -58,6 +59,9 @@ class ReuseSettings:
     # 1.2% and 5.2%, so Learn-then-Test certified it only at α ≥ 0.3 — and measuring it
     # costs a calibration about 40% more. The changed object needs its own computed steps.
     other_finish_calls: int = 0
+    # ...with region M computed on its own tokens between those calls (region_compute.py;
+    # Wan-layout models): measured by calibrations only, the gate does not run it yet
+    other_finish_region: bool = False
 
     def finish_calls_for(self, klass: str) -> int:
         """The guided finish a calibration measures for this evidence class (0: none)."""
@@ -194,6 +198,13 @@ class Summary:
     audit: dict | None = None         # this hit was also computed in full (audit.py)
     calibration: str = ""             # the gate's calibration and audits, in one line
     expert_calls: dict[str, int] | None = None  # model calls per expert (Wan 2.2 A14B)
+    region_calls: int = 0             # model calls on region M's tokens alone (not in steps_computed)
+    region_token_share: float | None = None  # their share of the tokens
+
+    @property
+    def step_equivalents(self) -> float:
+        """Steps computed, a region call counted at M's share of the tokens."""
+        return self.steps_computed + self.region_calls * (self.region_token_share or 0.0)
 
     def text(self) -> str:
         if self.outcome == "exact":
@@ -421,6 +432,16 @@ def _guided_finish(pr: ProbeResult, plan: Plan, notes: list[str]) -> GuidedFinis
     guide = guided_finish_for(pr.run, stored, plan.reuse_step, calls)
     if guide is None:  # lost since the gate saw the entry: every step, at least as exact
         notes.append(f"entry {plan.entry_id[:8]} lost its stored x̂0: every step after k* computed")
+    elif plan.finish_region and plan.region_tiles is not None and bool(plan.region_tiles.any()):
+        # between the calls region M follows the request's own prediction, computed on M's
+        # tokens alone (region_compute.py); the calibration measured the finish this way
+        mask = tiles_to_latent_mask(plan.region_tiles, pr.record.grid, pr.run.latent_shape)
+        try:
+            pr.run.compute_region(mask)
+        except ValueError as e:
+            notes.append(f"{e}: every step after k* computed")
+            return None
+        return RegionFinish(guide, mask)
     return guide
 
 
@@ -456,6 +477,7 @@ def reuse(pr: ProbeResult, plan: Plan) -> tuple[torch.Tensor, Summary]:
         return pr.exact_latent, s
 
     notes, start, fill_steps, calls = [], None, 0, run.model_calls
+    region_calls, token_share = 0, None
     expert_calls = _expert_calls(run)
     if plan.accept:
         try:
@@ -470,10 +492,23 @@ def reuse(pr: ProbeResult, plan: Plan) -> tuple[torch.Tensor, Summary]:
     _plan_attention(pr, plan if start is not None else None, own_connectivity, resume_at)
     if start is not None:
         guide = _guided_finish(pr, plan, notes)
-        final = run.sample(plan.reuse_step, n, start, record.on_step, guide=guide)
-        predicted = guide.predicted if guide is not None else 0
+        tokens = run.recorder.region  # set by a finish that computes M's tokens alone
+        try:
+            final = run.sample(plan.reuse_step, n, start, record.on_step, guide=guide)
+        finally:
+            if tokens is not None:
+                run.compute_region(None)
+        if isinstance(guide, RegionFinish):
+            region_calls, token_share = guide.region_steps, tokens.share
+            predicted = region_calls
+        else:
+            predicted = guide.predicted if guide is not None else 0
         outcome, computed = "hit", pr.probe_steps + fill_steps + (n - plan.reuse_step) - predicted
-        if guide is not None:
+        if region_calls:
+            notes.append(f"guided finish: {n - plan.reuse_step - predicted} of the {n - plan.reuse_step} "
+                         f"steps after k* computed in full, {region_calls} on region M's tokens alone "
+                         f"({token_share:.0%} of the tokens)")
+        elif guide is not None:
             notes.append(f"guided finish: {n - plan.reuse_step - predicted} of the {n - plan.reuse_step} "
                          f"steps after k* computed, {predicted} followed the stored trajectory")
     else:
@@ -481,7 +516,7 @@ def reuse(pr: ProbeResult, plan: Plan) -> tuple[torch.Tensor, Summary]:
         outcome, computed = "miss", n
     seconds = pr.seconds + time.perf_counter() - t0
     s = Summary(outcome, n, computed, pr.probe_calls + run.model_calls - calls, seconds,
-                reason=plan.reason)
+                reason=plan.reason, region_calls=region_calls, region_token_share=token_share)
     if expert_calls:
         spent = _calls_since(expert_calls, _expert_calls(run))
         s.expert_calls = {k: pr.probe_expert_calls.get(k, 0) + v for k, v in spent.items()}

@@ -26,6 +26,8 @@ import torch
 
 from .gate import RiskModel, evidence, evidence_class
 from .pipeline import ReuseSettings, TrajectoryRecord, fill_region, guided_finish_for
+from .region_compute import RegionFinish
+from .signature import tiles_to_latent_mask
 from .tolerance import Tolerance, psnr
 
 
@@ -101,8 +103,18 @@ def measure_direction(request: FullRun, candidate: FullRun, new_run: Callable[[]
         guide = guided_finish_for(run, stored_x0, k, finish)
         if finish and guide is None:
             continue  # nothing stored to guide it (cannot happen with snapshots recorded)
+        region_finish = guide is not None and klass == "other" and settings.other_finish_region
+        tokens = None
+        if region_finish and bool(region.any()):  # (an empty M: the plain guided finish)
+            mask = tiles_to_latent_mask(region, request.record.grid, run.latent_shape)
+            tokens = run.compute_region(mask)
+            guide = RegionFinish(guide, mask)
         final = run.sample(k, steps, start, guide=guide)
-        how = {"finish_calls": finish, "predicted_steps": guide.predicted} if guide else {}
+        how = {"finish_calls": finish, "predicted_steps": guide.guided.predicted if tokens else guide.predicted} if guide else {}
+        if region_finish:  # model calls on M's tokens alone, and their share of the tokens
+            how.update(region_steps=guide.region_steps if tokens else 0,
+                       token_share=round(tokens.share, 4) if tokens else 0.0)
+            run.compute_region(None)
         inst["depths"].append({"k": k, "depth_fraction": k / steps, "fill_steps": fill,
                                **how, **outcome(final)})
     return inst

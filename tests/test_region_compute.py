@@ -1,0 +1,125 @@
+"""Computing region M's tokens alone (carnator_core/region_compute.py) on a real tiny Wan
+model in ComfyUI: a region call must give M exactly what a full call from the same input
+gives it (the outside's keys and values kept from that call), and a region finish must run
+its full calls and its region calls where it says. Counted, not timed."""
+import pytest
+import torch
+
+from carnator_core.guided_finish import GuidedFinish
+from carnator_core.region_compute import RegionCompute, RegionFinish, token_index
+
+PROMPT = "a red ball rolls left across a green field"
+
+
+def _mask(shape):
+    m = torch.zeros(1, 1, *shape[-3:])
+    m[..., :, : shape[-2] // 2, : shape[-1] // 2] = 1  # the top-left quarter of every frame
+    return m
+
+
+def test_token_index_follows_the_patch_grid():
+    m = torch.zeros(1, 1, 2, 4, 4)
+    m[..., 0, 0, 0] = 1          # one cell → the token of its 2×2 patch in frame 0
+    m[..., 1, 3, 3] = 1          # the last cell → the last token
+    assert token_index(m, (1, 2, 2)).tolist() == [0, 7]
+    with pytest.raises(ValueError):
+        RegionCompute(torch.arange(8), 8)  # all of the tokens: nothing to save
+
+
+def _call(run, x, sigma, cond):
+    """One model call as the sampler makes it (the clone's wrappers and patches)."""
+    m = run.experts[0].patched
+    opts = dict(m.model_options["transformer_options"])
+    opts.update(sigmas=sigma, cond_or_uncond=[0])
+    opts["wrappers"] = m.wrappers  # as the sampler merges them in (the call counter)
+    return m.model.apply_model(x, sigma, c_crossattn=cond, transformer_options=opts)
+
+
+def test_a_region_call_gives_m_what_a_full_call_gives_it(tiny_models, requests_in):
+    run = requests_in.run_obj(tiny_models["wan21"], "wan21", PROMPT)
+    shape = run.latent_shape
+    mask = _mask(shape)
+    region = run.compute_region(mask)
+    torch.manual_seed(0)
+    x, sigma = torch.randn(shape), run.sigmas[3:4]
+    cond = run.positive[0][0]
+    calls = run.model_calls
+    region.mode = "record"
+    full = _call(run, x, sigma, cond)
+    region.mode = "region"
+    part = _call(run, x, sigma, cond)
+    region.mode = None
+    inside = mask.expand_as(full).bool()
+    torch.testing.assert_close(part[inside], full[inside], rtol=1e-4, atol=1e-4)
+    blocks = len(run.experts[0].patched.get_model_object("diffusion_model").blocks)
+    assert region.self_attention_extended == blocks  # every block attended to the outside too
+    assert run.model_calls - calls == 1 and run.recorder.region_calls == 1
+    assert 0 < region.share < 1
+    # without the outside's keys and values M's rows would differ: the extension matters
+    region.kv = {key: (kv[0][:, :0], kv[1][:, :0]) for key, kv in region.kv.items()}
+    region.mode = "region"
+    alone = _call(run, x, sigma, cond)
+    region.mode = None
+    assert not torch.allclose(alone[inside], full[inside], atol=1e-3)
+
+
+def test_a_region_finish_computes_m_between_its_full_calls(tiny_models, requests_in):
+    model = tiny_models["wan21"]
+    run = requests_in.run_obj(model, "wan21", PROMPT)
+    n, k = run.steps, 4
+    xs, x0s = {}, {}
+    run.sample(0, n, None, on_step=lambda s, x, x0: (xs.__setitem__(s, x.clone()), x0s.__setitem__(s, x0.clone())))
+    mask = _mask(run.latent_shape)
+    other = requests_in.run_obj(model, "wan21", PROMPT + " slowly")
+    region = other.compute_region(mask)
+    guide = RegionFinish(GuidedFinish(other.sigmas, x0s, k, 2), mask)
+    calls = other.model_calls
+    out = other.sample(k, n, other.boundary_from_sampler_space(xs[k], k), guide=guide)
+    assert other.model_calls - calls == 2                     # the finish's two full calls
+    assert other.recorder.region_calls == region.region_calls == n - k - 2 == guide.region_steps
+    assert torch.isfinite(out).all()
+    other.compute_region(None)
+    plain = other.sample(k, n, other.boundary_from_sampler_space(xs[k], k),
+                         guide=GuidedFinish(other.sigmas, x0s, k, 2))
+    assert not torch.allclose(out, plain)  # M followed the request's own prediction
+
+
+# ---------------------------------------------------------------- the gate and a hit
+def test_the_gate_counts_a_region_finish_at_m_s_share():
+    from carnator_core.gate import finish_cost
+    assert finish_cost(8, 20, 0) == 12
+    assert finish_cost(8, 20, 5) == 5
+    assert finish_cost(8, 20, 5, region_share=0.25) == pytest.approx(5 + 7 * 0.25)
+    assert finish_cost(18, 20, 5, region_share=0.25) == 2  # fewer steps left than calls
+
+
+def test_the_calibration_names_the_classes_measured_with_a_region_finish():
+    from carnator_core.calibration import measured_region_finish
+    edit = {"region_fraction": 0.2, "similarity_gap": 0.1}
+    same = {"region_fraction": 0.0, "similarity_gap": 0.0}
+    region = {"features": edit, "depths": [{"k": 8}, {"k": 8, "finish_calls": 5, "region_steps": 7}]}
+    guided = {"features": same, "depths": [{"k": 8, "finish_calls": 4}]}
+    assert measured_region_finish([region, guided]) == {"other": True}
+    plain = {"features": edit, "depths": [{"k": 8, "finish_calls": 5}]}
+    with pytest.raises(ValueError):
+        measured_region_finish([region, plain])
+
+
+def test_a_hit_with_a_certified_region_finish_computes_m_alone_between_its_calls(tiny_models, requests_in):
+    from carnator_core.gate import RiskModel, evidence_class
+    from test_guided_finish import RELATED, _hit_plan
+    model = RiskModel(thresholds={"same_scene": {"0.5": 1e9}, "other": {"0.5": 1e9},
+                                  "other:guided": {"0.5": 1e9}},
+                      confidence=0.9, finish_calls={"other": 3}, finish_region={"other": True})
+    pipeline, pr, plan = _hit_plan(requests_in, tiny_models["wan21"], model)
+    assert evidence_class(plan.features) == "other" and plan.finish_calls == 3 and plan.finish_region
+    assert plan.region_fraction > 0, "the related prompt must leave a region M to compute"
+    n, k = pr.run.steps, plan.reuse_step
+    _, s = pipeline.reuse(pr, plan)
+    fill = min(requests_in.settings.region_fill_calls, k - pr.probe_steps)
+    assert s.outcome == "hit" and s.steps_computed == pr.probe_steps + fill + 3
+    assert s.region_calls == n - k - 3 and 0 < s.region_token_share < 1
+    assert s.model_calls == s.steps_computed  # the region calls are counted apart
+    assert s.step_equivalents == pytest.approx(s.steps_computed + s.region_calls * s.region_token_share)
+    assert "on region M's tokens alone" in s.text()
+    assert pr.run.recorder.region is None  # the next use of the run computes every token
