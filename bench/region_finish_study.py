@@ -41,6 +41,8 @@ calibration directions with the whole tolerance (PSNR and the checker):
 
 failure rates by pair kind and depth, both finishes, and what Learn-then-Test certifies for
 the guided finish when the calibration includes it (the committed calibration does not).
+The same for the finish that computes M's tokens between 5 calls: ``--other-finish-calls 5
+--other-finish-region`` above, its reuses in ``studies/other_region_finish.jsonl``.
 """
 from __future__ import annotations
 
@@ -148,7 +150,7 @@ def main(argv=None) -> dict:
                     help="summarise the calibration's guided-finish measurements instead (see above)")
     a = ap.parse_args(argv)
     if a.calibration_labels:
-        return calibration_verdict(a.calibration_labels, os.path.join(RESULTS, "studies", "other_guided_finish.json"))
+        return calibration_verdict(a.calibration_labels, a.calibration_labels.replace(".jsonl", ".json"))
     from calibrate import _load_bench, group_of
     bench = _load_bench()
     from carnator_core.calibration import RiskModel
@@ -186,7 +188,7 @@ def main(argv=None) -> dict:
         run0 = world.new_run(line["prompt"], int(line["seed"]), line.get("seed_policy", "same_seed"))
         mask = tiles_to_latent_mask(region, req["record"].grid, run0.latent_shape).float()
         share = float(mask.mean())
-        token_share = run0.compute_region(mask).share if want_variant("tokens") else share
+        token_share = run0.compute_region(mask).share if want_variant("tokens") and bool(region.any()) else share
         run0.compute_region(None)
         stored_x0 = {s: x.float() for s, x in cand["record"].denoised.items()}
         row = {"group": str(g), "kind": kind, "region_share": round(share, 3),
@@ -210,8 +212,11 @@ def main(argv=None) -> dict:
                              "speedup": round(n / cost, 3)}
 
             def tokens(run, c):
+                guided = GuidedFinish(run.sigmas, stored_x0, k, c)
+                if not bool(region.any()):
+                    return guided  # an empty M: the guided finish itself
                 run.compute_region(mask)
-                return RegionFinish(GuidedFinish(run.sigmas, stored_x0, k, c), mask)
+                return RegionFinish(guided, mask)
 
             if want_variant("every_step"):
                 finish("every_step", lambda run: None, lambda gd: n - k)
@@ -227,7 +232,7 @@ def main(argv=None) -> dict:
                            lambda gd: len(gd.guided.compute))
                 if want_variant("tokens"):
                     finish(f"tokens_{c}", lambda run, c=c: tokens(run, c),
-                           lambda gd: len(gd.compute) + gd.region_steps * token_share)
+                           lambda gd: len(gd.compute) + getattr(gd, "region_steps", 0) * token_share)
             row["depths"][str(k)] = out
         rows.append(row)
         print(f"{len(rows)} pairs ({kind}, M {share:.0%}), {time.time() - t0:.0f} s", flush=True)
