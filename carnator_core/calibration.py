@@ -17,7 +17,8 @@ import json
 import random
 from pathlib import Path
 
-from .gate import EVIDENCE_CLASSES, FEATURES, RiskModel, evidence_class, finish_cost, option_key
+from .gate import (EVIDENCE_CLASSES, FEATURES, RiskModel, evidence_class, finish_allows, finish_cost,
+                   option_key)
 from .risk_control import certify, clopper_pearson_upper
 
 
@@ -89,8 +90,10 @@ def _finished(depths: list[dict], finish_calls: int) -> list[dict]:
 
 
 def _depths(inst: dict, min_k: int | None, max_k: int | None, finish_calls: int = 0) -> list[dict]:
+    # a region finish is measured at every depth but may only start where gate.finish_allows
     return [d for d in _finished(inst["depths"], finish_calls)
-            if (min_k is None or d["k"] >= min_k) and (max_k is None or d["k"] <= max_k)]
+            if (min_k is None or d["k"] >= min_k) and (max_k is None or d["k"] <= max_k)
+            and finish_allows(d["k"], round(d["k"] / d["depth_fraction"]), finish_calls, "region_steps" in d)]
 
 
 def evaluate(model: RiskModel, instances: list[dict], alphas=(0.02, 0.05, 0.10),

@@ -60,7 +60,8 @@ class ReuseSettings:
     # costs a calibration about 40% more. The changed object needs its own computed steps.
     other_finish_calls: int = 0
     # ...with region M computed on its own tokens between those calls (region_compute.py;
-    # Wan-layout models): measured by calibrations only, the gate does not run it yet
+    # Wan-layout models only). The gate runs it where a calibration measured and certified
+    # it (RiskModel.finish_region); 5 calls failed 6.0% at k = 8, so it is off too.
     other_finish_region: bool = False
 
     def finish_calls_for(self, klass: str) -> int:

@@ -123,3 +123,23 @@ def test_a_hit_with_a_certified_region_finish_computes_m_alone_between_its_calls
     assert s.step_equivalents == pytest.approx(s.steps_computed + s.region_calls * s.region_token_share)
     assert "on region M's tokens alone" in s.text()
     assert pr.run.recorder.region is None  # the next use of the run computes every token
+
+
+def test_a_region_finish_starts_only_where_its_calls_are_every_other_step():
+    from carnator_core.calibration import gate_decision
+    from carnator_core.gate import REGION_FINISH_STEPS_PER_CALL, RiskModel, finish_allows
+    assert REGION_FINISH_STEPS_PER_CALL == 2
+    assert finish_allows(8, 20, 6, region=True) and not finish_allows(6, 20, 6, region=True)
+    assert finish_allows(4, 20, 6, region=False)  # the plain guided finish has no such floor
+    # the gate's rule in the calibration: a region finish certified everywhere is taken at
+    # the deepest allowed depth, and never below the floor even where it is the only option
+    edit = {"outside_mean": 0.1, "outside_max": 0.5, "region_fraction": 0.2, "similarity_gap": 0.1}
+    model = RiskModel(thresholds={"other": {"0.5": -1e9}, "other:guided": {"0.5": 1e9}},
+                      confidence=0.9, finish_calls={"other": 6}, finish_region={"other": True})
+    inst = {"features": edit, "depths": [
+        {"k": k, "depth_fraction": k / 20, "label": 0, "finish_calls": 6, "region_steps": 1, "token_share": 0.2}
+        for k in (4, 6)]}
+    assert gate_decision(model, inst, 0.5) is None
+    inst["depths"].append({"k": 8, "depth_fraction": 0.4, "label": 0, "finish_calls": 6,
+                           "region_steps": 6, "token_share": 0.2})
+    assert gate_decision(model, inst, 0.5)["k"] == 8
