@@ -61,7 +61,9 @@ class ReuseSettings:
     other_finish_calls: int = 0
     # ...with region M computed on its own tokens between those calls (region_compute.py;
     # Wan-layout models only). The gate runs it where a calibration measured and certified
-    # it (RiskModel.finish_region); 5 calls failed 6.0% at k = 8, so it is off too.
+    # it (RiskModel.finish_region), from gate.finish_allows' depth on. Tiny world, 6 calls:
+    # 2.3% beyond tolerance at k = 8, certified at α = 0.05 (docs/results.md); off by default
+    # until the committed calibration carries it.
     other_finish_region: bool = False
 
     def finish_calls_for(self, klass: str) -> int:
