@@ -501,11 +501,9 @@ def reuse(pr: ProbeResult, plan: Plan) -> tuple[torch.Tensor, Summary]:
         finally:
             if tokens is not None:
                 run.compute_region(None)
+        predicted = guide.predicted if guide is not None else 0
         if isinstance(guide, RegionFinish):
             region_calls, token_share = guide.region_steps, tokens.share
-            predicted = region_calls
-        else:
-            predicted = guide.predicted if guide is not None else 0
         outcome, computed = "hit", pr.probe_steps + fill_steps + (n - plan.reuse_step) - predicted
         if region_calls:
             notes.append(f"guided finish: {n - plan.reuse_step - predicted} of the {n - plan.reuse_step} "

@@ -108,6 +108,11 @@ class RegionFinish:
     def compute(self) -> set[int]:
         return self.guided.compute
 
+    @property
+    def predicted(self) -> int:
+        """Steps whose outside the stored trajectory predicted: the region steps."""
+        return self.guided.predicted
+
     def predict(self, step):
         return None  # every step runs the model: in full or on M's tokens
 

@@ -110,7 +110,7 @@ def measure_direction(request: FullRun, candidate: FullRun, new_run: Callable[[]
             tokens = run.compute_region(mask)
             guide = RegionFinish(guide, mask)
         final = run.sample(k, steps, start, guide=guide)
-        how = {"finish_calls": finish, "predicted_steps": guide.guided.predicted if tokens else guide.predicted} if guide else {}
+        how = {"finish_calls": finish, "predicted_steps": guide.predicted} if guide else {}
         if region_finish:  # model calls on M's tokens alone, and their share of the tokens
             how.update(region_steps=guide.region_steps if tokens else 0,
                        token_share=round(tokens.share, 4) if tokens else 0.0)
