@@ -120,11 +120,13 @@ def measure_direction(request: FullRun, candidate: FullRun, new_run: Callable[[]
     return inst
 
 
-def pair_id(pair: dict, seed: int, steps: int, finish_calls: int = 0, other_finish_calls: int = 0) -> str:
+def pair_id(pair: dict, seed: int, steps: int, finish_calls: int = 0, other_finish_calls: int = 0,
+            other_finish_region: bool = False) -> str:
     """A measured pair's key in the progress file: a pair measured with other guided
     finishes has other labels, so it is measured again (0 keeps the ids of older files)."""
+    other = f"other-finish:{other_finish_calls}" + (":region" if other_finish_region else "")
     key = ([pair["a"], pair["b"], seed, steps] + ([f"finish:{finish_calls}"] if finish_calls else [])
-           + ([f"other-finish:{other_finish_calls}"] if other_finish_calls else []))
+           + ([other] if other_finish_calls else []))
     return hashlib.sha256(json.dumps(key).encode()).hexdigest()[:16]
 
 
@@ -167,7 +169,8 @@ def measure(pairs: list[dict], make_run: Callable[[str, int], object], settings:
     instances: list[dict] = []
     Path(progress_file).parent.mkdir(parents=True, exist_ok=True)
     for i, pair in enumerate(pairs):
-        pid = pair_id(pair, seed, steps, settings.same_scene_finish_calls, settings.other_finish_calls)
+        pid = pair_id(pair, seed, steps, settings.same_scene_finish_calls, settings.other_finish_calls,
+                      settings.other_finish_region)
         if pid not in done:
             done[pid] = _measure_pair(pair, seed + int(pair["group"]), make_run, settings, tolerance,
                                       decode, region_threshold, snaps, p)
