@@ -275,6 +275,12 @@ class GateSettings:
     max_depth: float = 0.8         # deepest snapshot; how deep each evidence class may go is certified
     max_region_fraction: float = 0.5  # beyond this the request is mostly new: reject
     guided_finish: bool = True     # may choose a guided finish where the calibration certified one
+    # The least share of the steps a reuse must save. Only requests computed in full are reuse
+    # sources (cache.lookup: chained reuse broke the budget), so a hit that saves little
+    # (an edit resumed at k* = 10 of 20 saves 30%) also costs every later request for the
+    # same scene its same-scene reuse (70% saved). Below this share the request runs in
+    # full and becomes a source. 0: reuse whenever the budget allows.
+    min_saving: float = 0.0
 
 
 @dataclass
@@ -334,12 +340,14 @@ def depth_reason(settings: GateSettings, lo: int, hi: int, probe_steps: int, ste
 
 def decide(new: EarlySignature, candidates: list[tuple[str, EarlySignature, float, list[int]]],
            steps: int, probe_steps: int, model: RiskModel,
-           settings: GateSettings) -> tuple[Plan, list[Plan]]:
+           settings: GateSettings, fill_calls: int = 0) -> tuple[Plan, list[Plan]]:
     """Pick the best acceptable candidate and depth; also return every candidate's verdict.
 
     ``candidates``: (entry id, its signature at the probe step, similarity, snapshot steps,
     optionally whether it stored the x̂0 a guided finish needs — assumed when absent).
     The candidate whose acceptable finish computes least wins; ties go to lower risk.
+    ``fill_calls``: model steps a hit spends filling region M (ReuseSettings.region_fill_calls),
+    counted in the saving ``settings.min_saving`` asks for.
     """
     lo = max(probe_steps, math.ceil(settings.min_depth * steps))
     hi = math.floor(settings.max_depth * steps)
@@ -364,7 +372,22 @@ def decide(new: EarlySignature, candidates: list[tuple[str, EarlySignature, floa
             return Plan(False, reason="no candidates"), verdicts
         return verdicts[0], verdicts  # the best-ranked candidate's verdict explains the miss
     accepted.sort(key=lambda p: (_cost(p, steps), p.risk))
-    return accepted[0], verdicts
+    best = accepted[0]
+    saving = hit_saving(best, steps, probe_steps, fill_calls)
+    if saving < settings.min_saving:
+        return Plan(False, entry_id=best.entry_id, risk=best.risk, similarity=best.similarity,
+                    features=best.features, region_tiles=best.region_tiles, reason=(
+                        f"the best reuse (k*={best.reuse_step}) saves {saving:.0%} of the steps, "
+                        f"less than min_saving {settings.min_saving:.0%}: computed in full, so "
+                        "this request becomes a reuse source for later ones")), verdicts
+    return best, verdicts
+
+
+def hit_saving(plan: Plan, steps: int, probe_steps: int, fill_calls: int = 0) -> float:
+    """Share of the steps an accepted plan does not compute: probe, M's fill (when M is not
+    empty) and the finish are computed; region calls count at M's token share."""
+    fill = min(fill_calls, plan.reuse_step - probe_steps) if plan.region_fraction > 0 else 0
+    return 1.0 - (probe_steps + max(fill, 0) + _cost(plan, steps)) / steps
 
 
 def _cheapest_acceptable(feats: dict[str, float], depths: list[int], steps: int,

@@ -350,7 +350,7 @@ def gate(pr: ProbeResult, found: LookupResult, risk_model: RiskModel,
         return Plan(False, reason="no candidate has evidence at this probe step"), []
     model, budget, note = _audited(pr, risk_model, settings.risk_budget)
     plan, verdicts = decide(new_sig, comparable, pr.run.steps, pr.probe_steps, model,
-                            replace(settings, risk_budget=budget))
+                            replace(settings, risk_budget=budget), pr.settings.region_fill_calls)
     if note:
         plan.reason = f"{plan.reason} · {note}"
     return plan, verdicts

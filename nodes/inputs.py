@@ -58,6 +58,8 @@ def finish_inputs() -> list:
     return [
         io.Boolean.Input("guided_finish", default=True, optional=True,
                          tooltip="A same-scene hit may compute only a few of the steps after k* and follow the matched entry's stored trajectory between them — where this model's calibration certified that finish at your risk budget and it computes less (else every step runs)."),
+        io.Float.Input("min_saving", default=0.0, min=0.0, max=0.95, step=0.05, optional=True,
+                       tooltip="Reuse only when it saves at least this share of the steps; otherwise compute in full. Only requests computed in full are reused later, so when your prompts repeat (a service of popular prompts with seed_policy shared_noise) 0.5 keeps every new scene a source and its later rewordings reuse it 3× cheaper; editing one prompt: 0 (every edit reuses)."),
     ]
 
 
