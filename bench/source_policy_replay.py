@@ -16,19 +16,16 @@ from __future__ import annotations
 
 import argparse
 import collections
-import importlib.util
 import json
 import os
 import shutil
 import sys
 import tempfile
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)
-_spec = importlib.util.spec_from_file_location("tinyworld_bench", os.path.join(REPO, "bench", "tinyworld.py"))
-TWB = importlib.util.module_from_spec(_spec)
-sys.modules["tinyworld_bench"] = TWB
-_spec.loader.exec_module(TWB)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from calibrate import _load_bench  # noqa: E402 - bench/tinyworld.py, once per process
+
+TWB = _load_bench()
 
 
 def scene_key(line: dict) -> tuple:
@@ -36,14 +33,15 @@ def scene_key(line: dict) -> tuple:
     return json.dumps(line["scene"], sort_keys=True), noise
 
 
-def replay(workload: str, budget: float, min_saving: float, policy: str, risk_model: str | None) -> dict:
+def replay(workload: str, budget: float, min_saving: float, policy: str, risk_model: str | None,
+           limit: int | None = None) -> dict:
     world = TWB.World(threads=1)
     import carnator_core.pipeline as pipeline
     from carnator_core.comfy_adapter import run_request
     from carnator_core.gate import GateSettings, Plan, evidence_class
     from carnator_core.pipeline import ReuseSettings
     from carnator_core.sparse_reuse import SparseSettings
-    _, lines = TWB.load_workload(workload)
+    _, lines = TWB.load_workload(workload, limit)
     folder = tempfile.mkdtemp(prefix="carnator_replay_")
     path = risk_model or TWB.default_risk_model(world.fingerprint)
     os.makedirs(os.path.join(folder, "calibration"))
@@ -105,10 +103,11 @@ def main(argv=None) -> dict:
     ap.add_argument("--min-saving", type=float, default=0.0)
     ap.add_argument("--policy", choices=["gate", "second_sight"], default="gate")
     ap.add_argument("--risk-model", default=None, help="default: the committed calibration")
+    ap.add_argument("--limit", type=int, default=None, help="first N requests only (a smoke run)")
     ap.add_argument("--out", default=None)
     a = ap.parse_args(argv)
     result = {"workload": a.workload, "budget": a.budget, "min_saving": a.min_saving, "policy": a.policy,
-              **replay(a.workload, a.budget, a.min_saving, a.policy, a.risk_model)}
+              **replay(a.workload, a.budget, a.min_saving, a.policy, a.risk_model, a.limit)}
     print(json.dumps(result, indent=1))
     if a.out:
         with open(a.out, "w") as f:

@@ -82,3 +82,24 @@ def test_under_min_saving_the_request_runs_in_full_and_becomes_a_source(tiny_mod
     # every step computed by the network (the probe's steps belong to it), and stored as a source
     assert second.steps_computed == second.model_calls == second.steps_total
     assert sources == {first.stored_id, second.stored_id}
+
+
+def test_the_source_study_tells_why_a_hit_resumed_another_scene():
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
+    from source_study import study
+    scene = {name: {"objects": [{"shape": name}]} for name in "ABC"}
+    line = lambda s, seed=200_000: {"scene": scene[s], "seed": seed, "seed_policy": "shared_noise"}  # noqa: E731
+    hit = lambda same: {"outcome": "hit", "same_scene": same}  # noqa: E731
+    miss = {"outcome": "miss", "same_scene": None}
+    lines = [line("A"), line("B"), line("B"), line("A"), line("C"), line("C"), line("C", 200_001)]
+    records = [miss, hit(False), hit(False), hit(True), miss, hit(False), hit(False)]
+    assert study(records, lines) == {
+        "gate_hits": 5,
+        "resumed another scene; its own scene was new": 2,  # B first, C on another noise
+        "resumed another scene; its own was served before, only as a reuse": 1,
+        "reused its own scene": 1,
+        "resumed another scene though its own had a source": 1}
+    with pytest.raises(ValueError, match="records for"):
+        study(records[:-1], lines)
