@@ -386,8 +386,13 @@ def decide(new: EarlySignature, candidates: list[tuple[str, EarlySignature, floa
 def hit_saving(plan: Plan, steps: int, probe_steps: int, fill_calls: int = 0) -> float:
     """Share of the steps an accepted plan does not compute: probe, M's fill (when M is not
     empty) and the finish are computed; region calls count at M's token share."""
-    fill = min(fill_calls, plan.reuse_step - probe_steps) if plan.region_fraction > 0 else 0
-    return 1.0 - (probe_steps + max(fill, 0) + _cost(plan, steps)) / steps
+    fill = fill_steps(fill_calls, plan.reuse_step, probe_steps) if plan.region_fraction > 0 else 0
+    return 1.0 - (probe_steps + fill + _cost(plan, steps)) / steps
+
+
+def fill_steps(calls: int, k: int, probe_steps: int) -> int:
+    """Model steps the fill of region M computes from the probe to k (pipeline.fill_region)."""
+    return min(calls, k - probe_steps) if calls > 0 and k > probe_steps else 0
 
 
 def _cheapest_acceptable(feats: dict[str, float], depths: list[int], steps: int,

@@ -22,7 +22,7 @@ from . import audit
 from .cache import CacheError, LookupResult, StoredEntry, TrajectoryCache
 from .cache_backend import open_cache as open_location
 from .entry_precision import from_entry, latent_keys, loaded_latent, stored_latent, to_entry
-from .gate import GateSettings, Plan, RiskModel, decide, risk_model_for
+from .gate import GateSettings, Plan, RiskModel, decide, fill_steps, risk_model_for
 from .keys import CompatibilityClass, shape_str
 from .sparse_reuse import CONNECTIVITY_KEYS, Connectivity, SparseSettings
 from .calibration_status import model_status, status_line
@@ -464,7 +464,7 @@ def fill_region(run, stored_x_k: torch.Tensor, region_tiles: torch.Tensor,
         return run.boundary_from_sampler_space(torch.lerp(stored_x_k, own, mask), k), 0
     own = run.jump(probe_steps, k, x_probe, calls)
     outside = run.boundary_from_sampler_space(stored_x_k, k)
-    return torch.lerp(outside, own.to(outside.device), mask.to(outside.device)), min(calls, k - probe_steps)
+    return torch.lerp(outside, own.to(outside.device), mask.to(outside.device)), fill_steps(calls, k, probe_steps)
 
 
 def reuse(pr: ProbeResult, plan: Plan) -> tuple[torch.Tensor, Summary]:
@@ -479,12 +479,12 @@ def reuse(pr: ProbeResult, plan: Plan) -> tuple[torch.Tensor, Summary]:
         _finish_summary(pr, s, [])
         return pr.exact_latent, s
 
-    notes, start, fill_steps, calls = [], None, 0, run.model_calls
+    notes, start, filled, calls = [], None, 0, run.model_calls
     region_calls, token_share = 0, None
     expert_calls = _expert_calls(run)
     if plan.accept:
         try:
-            start, fill_steps = _start_from_candidate(pr, plan)
+            start, filled = _start_from_candidate(pr, plan)
             if start is None:
                 notes.append(f"entry {plan.entry_id[:8]} lost its snapshot; ran as a miss")
         except CacheError as e:
@@ -504,7 +504,7 @@ def reuse(pr: ProbeResult, plan: Plan) -> tuple[torch.Tensor, Summary]:
         predicted = guide.predicted if guide is not None else 0
         if isinstance(guide, RegionFinish):
             region_calls, token_share = guide.region_steps, tokens.share
-        outcome, computed = "hit", pr.probe_steps + fill_steps + (n - plan.reuse_step) - predicted
+        outcome, computed = "hit", pr.probe_steps + filled + (n - plan.reuse_step) - predicted
         if region_calls:
             notes.append(f"guided finish: {n - plan.reuse_step - predicted} of the {n - plan.reuse_step} "
                          f"steps after k* computed in full, {region_calls} on region M's tokens alone "
