@@ -369,7 +369,8 @@ def run_easycache(world: World, lines, refs, threshold: float, psnr_bound: float
 
 
 def run_carnator(world: World, lines, refs, budget, risk_model_path, psnr_bound, sparse: bool,
-                 workdir: str, fill_calls: int = 0, min_saving: float = 0.0) -> tuple[dict, list[dict]]:
+                 workdir: str, fill_calls: int = 0, min_saving: float = 0.0,
+                 recurring: bool = False) -> tuple[dict, list[dict]]:
     from carnator_core.comfy_adapter import run_request
     from carnator_core.gate import GateSettings
     from carnator_core.pipeline import ReuseSettings
@@ -382,7 +383,8 @@ def run_carnator(world: World, lines, refs, budget, risk_model_path, psnr_bound,
         os.makedirs(os.path.dirname(dst), exist_ok=True)
         shutil.copy(risk_model_path, dst)
     settings = ReuseSettings(probe_fraction=0.1,
-                             gate=GateSettings(risk_budget=budget, min_saving=min_saving),
+                             gate=GateSettings(risk_budget=budget, min_saving=min_saving,
+                                                recurring_sources=recurring),
                              sparse=SparseSettings(enabled=sparse), region_fill_calls=fill_calls)
     recs, scene_of = [], {}
     for i, ln in enumerate(lines):
@@ -588,6 +590,8 @@ def main(argv=None) -> dict:
                     help="model steps filling region M on a hit (default: ReuseSettings')")
     ap.add_argument("--min-saving", type=float, default=0.0,
                     help="the gate's min_saving (default 0): hits saving less run in full and become sources")
+    ap.add_argument("--recurring-sources", action="store_true",
+                    help="the gate's recurring_sources: a scene asked again after a reuse runs in full once")
     ap.add_argument("--easycache", type=float, nargs="*", default=[],
                     help="also run ComfyUI's EasyCache alone at these thresholds")
     ap.add_argument("--easycache-carnator", type=float, nargs="*", default=[],
@@ -623,6 +627,7 @@ def main(argv=None) -> dict:
                             "snapshot_steps": snaps, "probe_steps": probe_steps,
                             "sparse_system": not a.no_sparse_system, "limit": a.limit,
                             "region_fill_calls": fill_calls, "min_saving": a.min_saving,
+                            "recurring_sources": a.recurring_sources,
                             "easycache": a.easycache,
                             "easycache_carnator": a.easycache_carnator,
                             "risk_model": rm.source, "risk_model_calibrated": rm.calibrated,
@@ -644,7 +649,7 @@ def main(argv=None) -> dict:
             for b in budgets:
                 print(f"[{name}] carnator α={b:g} …", flush=True)
                 carn[b] = run_carnator(world, lines, refs, b, rm_path, a.psnr_bound, False, workdir,
-                                       fill_calls, a.min_saving)
+                                       fill_calls, a.min_saving, a.recurring_sources)
             composed = {}
             for tau in a.easycache:
                 print(f"[{name}] EasyCache {tau:g} …", flush=True)
@@ -653,7 +658,7 @@ def main(argv=None) -> dict:
             for tau in a.easycache_carnator:
                 print(f"[{name}] carnator α={a.main_budget:g} + EasyCache {tau:g} …", flush=True)
                 m = run_carnator(eased(world, tau), lines, refs, a.main_budget, rm_path, a.psnr_bound,
-                                 False, workdir, fill_calls, a.min_saving)[0]
+                                 False, workdir, fill_calls, a.min_saving, a.recurring_sources)[0]
                 composed[f"carnator_easycache_{tau:g}"] = {**m, "easycache_threshold": tau,
                                                            "risk_budget": a.main_budget}
             main_c = carn[a.main_budget][0]
@@ -667,7 +672,7 @@ def main(argv=None) -> dict:
             if not a.no_sparse_system:
                 print(f"[{name}] carnator α={a.main_budget:g} with sparse attention …", flush=True)
                 sp = run_carnator(world, lines, refs, a.main_budget, rm_path, a.psnr_bound, True, workdir,
-                                  fill_calls, a.min_saving)[0]
+                                  fill_calls, a.min_saving, a.recurring_sources)[0]
                 results["workloads"][name]["carnator_sparse"] = {**sp, "risk_budget": a.main_budget}
             results["sweeps"][name] = {
                 "text": [{"threshold": t, **m} for t, (m, _) in text_sweep.items()],

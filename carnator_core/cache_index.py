@@ -7,8 +7,10 @@ Since issue 14 an entry's index row is small and fixed-size; what is large lives
     signatures   id → the full global signature (read only for a lookup's shortlist)
     descriptor_blocks, descriptor_data, descriptor_slots
                  int8 compact descriptors packed in blocks per class
-                 (cache_descriptor_blocks.py); only for entries computed in full, the only
-                 reuse sources. Lookup scans them; no process holds them all in memory
+                 (cache_descriptor_blocks.py). Entries computed in full, the only reuse
+                 sources, under their class; reuses under ``served_class`` of it, searched
+                 only to see whether a scene was asked before (pipeline.recurring_scene).
+                 Lookup scans them; no process holds them all in memory
     totals       one row: entry count and bytes, kept by triggers in the same transaction
                  as each insert and delete — capacity checks never scan
 
@@ -71,6 +73,15 @@ SCHEMA_SQL = [
 def reusable(row: dict[str, Any]) -> bool:
     """Only entries computed in full are reuse sources (see TrajectoryCache.lookup)."""
     return not row.get("source_entry")
+
+
+SERVED_SUFFIX = "#served"
+
+
+def served_class(class_key: str) -> str:
+    """The descriptor class of a class's reuses: a lookup of ``class_key`` never sees them,
+    one of this key sees only them (no snapshots: they show that a scene was asked before)."""
+    return class_key + SERVED_SUFFIX
 
 
 def create_index_tables(db) -> None:
@@ -137,14 +148,16 @@ def put_signature(db, row: dict[str, Any], signature: bytes | None) -> None:
 
 
 def descriptor_of(row: dict[str, Any], signature) -> tuple[str, str, int, bytes] | None:
-    """The block row of a reuse source's compact descriptor (None for other rows)."""
-    if not isinstance(signature, (bytes, bytearray, memoryview)) or not reusable(row):
+    """The block row of an entry's compact descriptor: a reuse source's under its class, a
+    reuse's under ``served_class`` (None without a usable signature)."""
+    if not isinstance(signature, (bytes, bytearray, memoryview)):
         return None
     signature = bytes(signature)
     if not signature or len(signature) % 4:
         return None
     vec = np.frombuffer(signature, dtype=np.float32)
-    return row["id"], row["class_key"], vec.size, quantized(vec)
+    klass = row["class_key"] if reusable(row) else served_class(row["class_key"])
+    return row["id"], klass, vec.size, quantized(vec)
 
 
 def put_entries(db, rows: list[dict[str, Any]]) -> None:

@@ -281,6 +281,11 @@ class GateSettings:
     # same scene its same-scene reuse (70% saved). Below this share the request runs in
     # full and becomes a source. 0: reuse whenever the budget allows.
     min_saving: float = 0.0
+    # Compute in full a request whose own scene was asked before but served by reuse of
+    # another (so no source), when a source of that scene would be reused cheaper than the
+    # reuse it has now (pipeline.recurring_scene): the scene's next requests then reuse it
+    # same-scene. Unlike min_saving it spends a full computation only on a scene seen twice.
+    recurring_sources: bool = False
 
 
 @dataclass

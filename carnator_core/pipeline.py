@@ -22,7 +22,9 @@ from . import audit
 from .cache import CacheError, LookupResult, StoredEntry, TrajectoryCache
 from .cache_backend import open_cache as open_location
 from .entry_precision import from_entry, latent_keys, loaded_latent, stored_latent, to_entry
-from .gate import GateSettings, Plan, RiskModel, decide, fill_steps, risk_model_for
+from .cache_index import served_class
+from .gate import (GateSettings, Plan, RiskModel, decide, evidence_class, fill_steps, hit_saving,
+                   risk_model_for)
 from .keys import CompatibilityClass, shape_str
 from .sparse_reuse import CONNECTIVITY_KEYS, Connectivity, SparseSettings
 from .calibration_status import model_status, status_line
@@ -331,8 +333,23 @@ def gate(pr: ProbeResult, found: LookupResult, risk_model: RiskModel,
                            "returned, nothing to gate"), []
     if not found.candidates:
         return Plan(False, reason=f"no candidates: {found.message}"), []
-    new_sig = pr.signature
-    comparable = []
+    comparable = comparable_candidates(pr, found)
+    if not comparable:
+        return Plan(False, reason="no candidate has evidence at this probe step"), []
+    model, budget, note = _audited(pr, risk_model, settings.risk_budget)
+    settings = replace(settings, risk_budget=budget)
+    plan, verdicts = decide(pr.signature, comparable, pr.run.steps, pr.probe_steps, model,
+                            settings, pr.settings.region_fill_calls)
+    if plan.accept and settings.recurring_sources:
+        plan = recurring_scene(pr, plan, model, settings) or plan
+    if note:
+        plan.reason = f"{plan.reason} · {note}"
+    return plan, verdicts
+
+
+def comparable_candidates(pr: ProbeResult, found: LookupResult) -> list[tuple]:
+    """decide()'s candidates: each found entry with its signature at the probe step."""
+    new_sig, comparable = pr.signature, []
     for cand in found.candidates:
         tensors = guarded(pr.cache, "reading a candidate", pr.cache.load_tensors, cand.entry.id,
                           ["tile_steps", "xhat_tiles", "feature_steps", "feature_tiles", "denoised_steps"])
@@ -346,14 +363,44 @@ def gate(pr: ProbeResult, found: LookupResult, risk_model: RiskModel,
         # not calibrated for it, have none): without them only the every-step finish is open
         comparable.append((cand.entry.id, old_sig, sim, cand.entry.snapshot_steps,
                            "denoised_steps" in tensors))
-    if not comparable:
-        return Plan(False, reason="no candidate has evidence at this probe step"), []
-    model, budget, note = _audited(pr, risk_model, settings.risk_budget)
-    plan, verdicts = decide(new_sig, comparable, pr.run.steps, pr.probe_steps, model,
-                            replace(settings, risk_budget=budget), pr.settings.region_fill_calls)
-    if note:
-        plan.reason = f"{plan.reason} · {note}"
-    return plan, verdicts
+    return comparable
+
+
+def recurring_scene(pr: ProbeResult, plan: Plan, model: RiskModel,
+                    settings: GateSettings) -> Plan | None:
+    """A plan to compute in full when this request's scene was asked before and served by
+    reuse (so it is no source), and a source of it would be reused cheaper than ``plan``.
+
+    Only requests computed in full are reuse sources, so a scene whose first request reused
+    another scene (an edit, a scene on the same noise: k* ≈ 8–10 of 20) never becomes one,
+    and each of its rewordings pays that shallow reuse again. The served request's probe
+    signature is kept (cache_index.served_class); the gate judges it as if it had been
+    stored as a source, with this request's snapshot steps. Where that reuse is certified
+    and saves more than ``plan``, the scene recurs and this request becomes its source.
+    None: keep ``plan`` (also when its own evidence is same-scene, or nothing recurs)."""
+    if evidence_class(plan.features or {}) == "same_scene":
+        return None
+    found = guarded(pr.cache, "looking up served requests", pr.cache.lookup,
+                    served_class(pr.klass.key), pr.signature.global_vector(), pr.settings.top_k,
+                    default=LookupResult([], ""))
+    snapshots = pr.settings.snapshot_steps(pr.run.steps)
+    as_sources = [(eid, sig, sim, snapshots, True)
+                  for eid, sig, sim, *_ in comparable_candidates(pr, found)]
+    if not as_sources:
+        return None
+    steps, probe, fill = pr.run.steps, pr.probe_steps, pr.settings.region_fill_calls
+    best, _ = decide(pr.signature, as_sources, steps, probe, model, replace(settings, min_saving=0.0), fill)
+    if not best.accept or evidence_class(best.features) != "same_scene":
+        return None
+    would, now = hit_saving(best, steps, probe, fill), hit_saving(plan, steps, probe, fill)
+    if would <= now:
+        return None
+    return Plan(False, entry_id=plan.entry_id, risk=plan.risk, similarity=plan.similarity,
+                features=plan.features, region_tiles=plan.region_tiles, reason=(
+                    f"this scene was asked before (request {best.entry_id[:8]}, served by reuse, "
+                    f"so no source): computed in full to become its source — its later requests "
+                    f"save {would:.0%} of the steps, where reusing entry {plan.entry_id[:8]} "
+                    f"(k*={plan.reuse_step}) would save {now:.0%}"))
 
 
 def _audited(pr: ProbeResult, model: RiskModel, alpha: float) -> tuple[RiskModel, float, str]:

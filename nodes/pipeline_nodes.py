@@ -97,11 +97,13 @@ class CarnatorCompatibilityGate(io.ComfyNode):
 
     @classmethod
     def execute(cls, candidates, risk_budget, min_depth=None, max_depth=None,
-                max_region=None, guided_finish=None, min_saving=None) -> io.NodeOutput:
+                max_region=None, guided_finish=None, min_saving=None,
+                recurring_sources=None) -> io.NodeOutput:
         pr = candidates.probe
         notify("phase", {"phase": "gate"}, node_id_of(cls))
         model, problem = pipeline.calibrated_risk_model(pr) if pr.cache else (None, None)
-        settings = gate_settings(risk_budget, min_depth, max_depth, max_region, guided_finish, min_saving)
+        settings = gate_settings(risk_budget, min_depth, max_depth, max_region, guided_finish, min_saving,
+                                 recurring_sources)
         usable = model is not None or (pr.cache is not None and pr.exact_latent is not None)
         plan, verdicts = pipeline.gate(pr, candidates.found, model, settings) if usable else (
             GatePlan(False, reason=problem or pr.cache_message or "cache unavailable"), [])

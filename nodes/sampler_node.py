@@ -32,13 +32,14 @@ class CarnatorSampler(io.ComfyNode):
                 scheduler, probe_fraction, risk_budget, seed_policy="same_seed",
                 snapshot_count=None, label="", cache=None, min_depth=None, max_depth=None,
                 max_region=None, audit_rate=None, vae=None, low_noise_model=None, switch_step=0,
-                switch_sigma=WAN22_SWITCH_SIGMA, guided_finish=None, min_saving=None,
+                switch_sigma=WAN22_SWITCH_SIGMA, guided_finish=None, min_saving=None, recurring_sources=None,
                 **sparse) -> io.NodeOutput:
         node_id = node_id_of(cls)
         label = label or prompt_text_of(cls.hidden.prompt, node_id)
         settings = reuse_settings(probe_fraction, snapshot_count, audit_rate, risk_budget=risk_budget,
                                   min_depth=min_depth, max_depth=max_depth, max_region=max_region,
-                                  guided_finish=guided_finish, min_saving=min_saving)
+                                  guided_finish=guided_finish, min_saving=min_saving,
+                                  recurring_sources=recurring_sources)
         settings.sparse = sparse_settings(**sparse)
         pr = start_request(model, positive, negative, latent_image, seed, steps, cfg,
                            sampler_name, scheduler, settings, cache, seed_policy, label, node_id,

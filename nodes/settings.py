@@ -28,11 +28,14 @@ def audit_rate_or_default(rate: float | None) -> float:
 
 def gate_settings(risk_budget: float = 0.05, min_depth: float | None = None,
                   max_depth: float | None = None, max_region: float | None = None,
-                  guided_finish: bool | None = None, min_saving: float | None = None) -> GateSettings:
+                  guided_finish: bool | None = None, min_saving: float | None = None,
+                  recurring_sources: bool | None = None) -> GateSettings:
     d = GateSettings()
     return GateSettings(risk_budget=risk_budget,
                         min_depth=d.min_depth if min_depth is None else min_depth,
                         max_depth=d.max_depth if max_depth is None else max_depth,
                         max_region_fraction=d.max_region_fraction if max_region is None else max_region,
                         guided_finish=d.guided_finish if guided_finish is None else guided_finish,
-                        min_saving=d.min_saving if min_saving is None else min_saving)
+                        min_saving=d.min_saving if min_saving is None else min_saving,
+                        recurring_sources=(d.recurring_sources if recurring_sources is None
+                                           else recurring_sources))

@@ -63,7 +63,7 @@ PROBE_WIDGETS = ["probe_fraction"]
 PROBE_OPTIONAL = ["seed_policy", "snapshot_count", "label"]
 GATE_WIDGETS = ["risk_budget"]
 GATE_OPTIONAL = ["min_depth", "max_depth", "max_region"]
-FINISH_OPTIONAL = ["guided_finish", "min_saving"]  # last on its nodes: older saved workflows keep their layout
+FINISH_OPTIONAL = ["guided_finish", "min_saving", "recurring_sources"]  # last on its nodes: older saved workflows keep their layout
 SPARSE_OPTIONAL = ["sparse_attention", "keep_mass", "min_density", "refresh_every", "sparse_on_miss"]
 AUDIT_OPTIONAL = ["audit_rate"]
 EXPERT_OPTIONAL = ["switch_step", "switch_sigma"]
@@ -113,7 +113,8 @@ def graph(backbone: str, single_node: bool) -> dict[str, dict]:
         g["10"] = ("UNETLoader", {"unet_name": LOW_NOISE_EXPERTS[backbone], "weight_dtype": "default"})
         sampling.update({"low_noise_model": ["10", 0], "switch_step": SWITCH_STEP})
     gate = {"risk_budget": TINYWORLD["risk_budget"] if world else RISK_BUDGET, "min_depth": 0.2,
-            "max_depth": 0.8, "max_region": 0.5, "guided_finish": True, "min_saving": 0.0}
+            "max_depth": 0.8, "max_region": 0.5, "guided_finish": True, "min_saving": 0.0,
+            "recurring_sources": False}
     sparse = {"sparse_attention": True, "keep_mass": 0.9, "min_density": 0.1, "refresh_every": 0,
               "sparse_on_miss": False, "audit_rate": 0.0}
     if single_node:
