@@ -590,8 +590,9 @@ def main(argv=None) -> dict:
                     help="model steps filling region M on a hit (default: ReuseSettings')")
     ap.add_argument("--min-saving", type=float, default=0.0,
                     help="the gate's min_saving (default 0): hits saving less run in full and become sources")
-    ap.add_argument("--recurring-sources", action="store_true",
-                    help="the gate's recurring_sources: a scene asked again after a reuse runs in full once")
+    ap.add_argument("--recurring-sources", action=argparse.BooleanOptionalAction, default=True,
+                    help="the gate's recurring_sources (default on): a scene asked again after a "
+                         "reuse runs in full once; --no-recurring-sources for the rule before it")
     ap.add_argument("--easycache", type=float, nargs="*", default=[],
                     help="also run ComfyUI's EasyCache alone at these thresholds")
     ap.add_argument("--easycache-carnator", type=float, nargs="*", default=[],

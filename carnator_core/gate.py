@@ -284,8 +284,10 @@ class GateSettings:
     # Compute in full a request whose own scene was asked before but served by reuse of
     # another (so no source), when a source of that scene would be reused cheaper than the
     # reuse it has now (pipeline.recurring_scene): the scene's next requests then reuse it
-    # same-scene. Unlike min_saving it spends a full computation only on a scene seen twice.
-    recurring_sources: bool = False
+    # same-scene. Unlike min_saving it spends a full computation only on a scene seen twice,
+    # so it is on by default: on the tiny world's serve it took the whole workload from 1.46×
+    # to 1.71× fewer steps, and cost editing sessions (iterate) 1% (docs/results.md).
+    recurring_sources: bool = True
 
 
 @dataclass

@@ -23,7 +23,7 @@ from .cache import CacheError, LookupResult, StoredEntry, TrajectoryCache
 from .cache_backend import open_cache as open_location
 from .entry_precision import from_entry, latent_keys, loaded_latent, stored_latent, to_entry
 from .cache_index import served_class
-from .gate import (GateSettings, Plan, RiskModel, decide, evidence_class, fill_steps, hit_saving,
+from .gate import (SAME_SCENE_GAP, GateSettings, Plan, RiskModel, decide, evidence_class, fill_steps, hit_saving,
                    risk_model_for)
 from .keys import CompatibilityClass, shape_str
 from .sparse_reuse import CONNECTIVITY_KEYS, Connectivity, SparseSettings
@@ -383,6 +383,8 @@ def recurring_scene(pr: ProbeResult, plan: Plan, model: RiskModel,
     found = guarded(pr.cache, "looking up served requests", pr.cache.lookup,
                     served_class(pr.klass.key), pr.signature.global_vector(), pr.settings.top_k,
                     default=LookupResult([], ""))
+    # same-scene evidence needs the lookup's cosine within the gap: read no other's tensors
+    found.candidates = [c for c in found.candidates if 1.0 - c.similarity <= SAME_SCENE_GAP + 1e-3]
     snapshots = pr.settings.snapshot_steps(pr.run.steps)
     as_sources = [(eid, sig, sim, snapshots, True)
                   for eid, sig, sim, *_ in comparable_candidates(pr, found)]

@@ -114,7 +114,7 @@ def graph(backbone: str, single_node: bool) -> dict[str, dict]:
         sampling.update({"low_noise_model": ["10", 0], "switch_step": SWITCH_STEP})
     gate = {"risk_budget": TINYWORLD["risk_budget"] if world else RISK_BUDGET, "min_depth": 0.2,
             "max_depth": 0.8, "max_region": 0.5, "guided_finish": True, "min_saving": 0.0,
-            "recurring_sources": False}
+            "recurring_sources": True}
     sparse = {"sparse_attention": True, "keep_mass": 0.9, "min_density": 0.1, "refresh_every": 0,
               "sparse_on_miss": False, "audit_rate": 0.0}
     if single_node:
