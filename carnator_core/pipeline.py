@@ -23,8 +23,8 @@ from .cache import CacheError, LookupResult, StoredEntry, TrajectoryCache
 from .cache_backend import open_cache as open_location
 from .entry_precision import from_entry, latent_keys, loaded_latent, stored_latent, to_entry
 from .cache_index import served_class
-from .gate import (SAME_SCENE_GAP, GateSettings, Plan, RiskModel, decide, evidence_class, fill_steps, hit_saving,
-                   risk_model_for)
+from .gate import (SAME_SCENE_GAP, GateSettings, Plan, RiskModel, decide, evidence_class,
+                   fill_steps, hit_saving, risk_model_for)
 from .keys import CompatibilityClass, shape_str
 from .sparse_reuse import CONNECTIVITY_KEYS, Connectivity, SparseSettings
 from .calibration_status import model_status, status_line
@@ -391,7 +391,8 @@ def recurring_scene(pr: ProbeResult, plan: Plan, model: RiskModel,
     if not as_sources:
         return None
     steps, probe, fill = pr.run.steps, pr.probe_steps, pr.settings.region_fill_calls
-    best, _ = decide(pr.signature, as_sources, steps, probe, model, replace(settings, min_saving=0.0), fill)
+    best, _ = decide(pr.signature, as_sources, steps, probe, model,
+                     replace(settings, min_saving=0.0), fill)
     if not best.accept or evidence_class(best.features) != "same_scene":
         return None
     would, now = hit_saving(best, steps, probe, fill), hit_saving(plan, steps, probe, fill)
