@@ -139,8 +139,10 @@ def evaluate(a) -> dict:
         for b in a.budgets:
             for label, path in models.items():
                 print(f"[{name}] α={b:g} {label} calibration …", flush=True)
+                # recurring_sources off: the committed comparison was measured before the rule
                 m, _ = bench.run_carnator(world, lines, refs, b, path, a.psnr_bound, False,
-                                          os.path.join(workdir, label), settings.region_fill_calls)
+                                          os.path.join(workdir, label), settings.region_fill_calls,
+                                          recurring=False)
                 out["budgets"].setdefault(f"{b:g}", {})[label] = m
     finally:
         shutil.rmtree(workdir, ignore_errors=True)

@@ -370,7 +370,7 @@ def run_easycache(world: World, lines, refs, threshold: float, psnr_bound: float
 
 def run_carnator(world: World, lines, refs, budget, risk_model_path, psnr_bound, sparse: bool,
                  workdir: str, fill_calls: int = 0, min_saving: float = 0.0,
-                 recurring: bool = False) -> tuple[dict, list[dict]]:
+                 recurring: bool | None = None) -> tuple[dict, list[dict]]:
     from carnator_core.comfy_adapter import run_request
     from carnator_core.gate import GateSettings
     from carnator_core.pipeline import ReuseSettings
@@ -384,7 +384,8 @@ def run_carnator(world: World, lines, refs, budget, risk_model_path, psnr_bound,
         shutil.copy(risk_model_path, dst)
     settings = ReuseSettings(probe_fraction=0.1,
                              gate=GateSettings(risk_budget=budget, min_saving=min_saving,
-                                                recurring_sources=recurring),
+                                                recurring_sources=(GateSettings.recurring_sources
+                                                                   if recurring is None else recurring)),
                              sparse=SparseSettings(enabled=sparse), region_fill_calls=fill_calls)
     recs, scene_of = [], {}
     for i, ln in enumerate(lines):
