@@ -156,6 +156,9 @@ def main(argv=None) -> dict:
                          "(ReuseSettings.other_finish_calls) for the pairs of these measurement "
                          "files and write them with those reuses added (use with --shard; then "
                          "re-fit with --instances)")
+    ap.add_argument("--probe-fraction", type=float, default=0.1,
+                    help="share of the steps the probe runs (ReuseSettings.probe_fraction): a "
+                         "calibration holds for the probe it was measured with")
     ap.add_argument("--form", choices=("linear", "interaction"), default="interaction",
                     help="risk model form (carnator_core.gate.RiskModel.fit)")
     a = ap.parse_args(argv)
@@ -163,11 +166,11 @@ def main(argv=None) -> dict:
     if "bench_tw" not in sys.modules:
         _load_bench()
     from bench_tw import DEFAULT_MODEL, World, load_workload
-    from carnator_core.gate import GateSettings, RiskModel
+    from carnator_core.gate import DEFAULT_PROBE_FRACTION, GateSettings, RiskModel, same_probe
     from carnator_core.pipeline import ReuseSettings
     world = World(a.model or DEFAULT_MODEL, steps=a.steps, cfg=a.cfg, threads=a.threads)
     fp = world.fingerprint
-    settings = ReuseSettings(probe_fraction=0.1, gate=GateSettings())
+    settings = ReuseSettings(probe_fraction=a.probe_fraction, gate=GateSettings())
     if a.fill_calls is not None:
         settings.region_fill_calls = a.fill_calls
     if a.other_finish_calls is not None:
@@ -211,11 +214,12 @@ def main(argv=None) -> dict:
                                         form=a.form, max_region_fraction=max_region,
                                         tolerance={"psnr_bound": a.psnr_bound, "space": "frames",
                                                    "checker": True},
-                                        alphas=BUDGETS)
+                                        alphas=BUDGETS, probe_fraction=a.probe_fraction)
     held = CAL.split(instances, a.holdout)[1]
     rows, labels = CAL.rows_of(instances)
     report = {
         "model_fingerprint": fp, "psnr_bound": a.psnr_bound, "steps": a.steps, "cfg": a.cfg,
+        "probe_fraction": a.probe_fraction,
         **fitted,
         "risk_model": {"weights": model.weights, "depth_weights": model.depth_weights, "bias": model.bias,
                        "region_threshold": model.region_threshold, "thresholds": model.thresholds,
@@ -238,7 +242,9 @@ def main(argv=None) -> dict:
     path = CAL.save(model, cache, fp)
     copy = CAL.save(model, a.results, fp)
     report["saved"] = [str(path), os.path.relpath(str(copy), REPO)]
-    with open(os.path.join(a.results, "calibration_report.json"), "w") as f:
+    report_name = "calibration_report.json" if same_probe(a.probe_fraction, DEFAULT_PROBE_FRACTION) \
+        else f"calibration_report.probe{a.probe_fraction:g}.json"
+    with open(os.path.join(a.results, report_name), "w") as f:
         json.dump(report, f, indent=1)
     print(f"{len(instances)} candidate pairs, {len(rows)} measured reuses, "
           f"{sum(labels)} exceeded tolerance (PSNR < {a.psnr_bound} dB or checker)")

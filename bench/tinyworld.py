@@ -370,19 +370,21 @@ def run_easycache(world: World, lines, refs, threshold: float, psnr_bound: float
 
 def run_carnator(world: World, lines, refs, budget, risk_model_path, psnr_bound, sparse: bool,
                  workdir: str, fill_calls: int = 0, min_saving: float = 0.0,
-                 recurring: bool | None = None) -> tuple[dict, list[dict]]:
+                 recurring: bool | None = None,
+                 probe_fraction: float | None = None) -> tuple[dict, list[dict]]:
     from carnator_core.comfy_adapter import run_request
-    from carnator_core.gate import GateSettings
+    from carnator_core.gate import DEFAULT_PROBE_FRACTION, GateSettings, calibration_file
     from carnator_core.pipeline import ReuseSettings
     from carnator_core.sparse_reuse import SparseSettings
     folder = os.path.join(workdir, f"carnator_{budget:g}")
     shutil.rmtree(folder, ignore_errors=True)
     os.makedirs(folder)
-    if risk_model_path:
-        dst = os.path.join(folder, "calibration", f"{world.fingerprint}.json")
-        os.makedirs(os.path.dirname(dst), exist_ok=True)
+    probe_fraction = DEFAULT_PROBE_FRACTION if probe_fraction is None else probe_fraction
+    if risk_model_path:  # where the gate looks for this probe's calibration
+        dst = calibration_file(folder, world.fingerprint, probe_fraction)
+        dst.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(risk_model_path, dst)
-    settings = ReuseSettings(probe_fraction=0.1,
+    settings = ReuseSettings(probe_fraction=probe_fraction,
                              gate=GateSettings(risk_budget=budget, min_saving=min_saving,
                                                 recurring_sources=(GateSettings.recurring_sources
                                                                    if recurring is None else recurring)),
@@ -534,9 +536,11 @@ def table(results: dict) -> str:
     return "\n".join(out)
 
 
-def default_risk_model(fingerprint: str) -> str | None:
-    p = os.path.join(RESULTS, "calibration", f"{fingerprint}.json")
-    return p if os.path.isfile(p) else None
+def default_risk_model(fingerprint: str, probe_fraction: float | None = None) -> str | None:
+    """The committed calibration for this model and probe, if there is one."""
+    from carnator_core.gate import DEFAULT_PROBE_FRACTION, calibration_file
+    p = calibration_file(RESULTS, fingerprint, probe_fraction or DEFAULT_PROBE_FRACTION)
+    return str(p) if p.is_file() else None
 
 
 def merge(paths: list[str], out: str, plots: bool = True) -> dict:
@@ -581,6 +585,9 @@ def main(argv=None) -> dict:
     ap.add_argument("--risk-model", default="auto",
                     help="fitted risk model json; 'auto': bench/results/calibration/<fingerprint>.json "
                          "if present; 'prior': the uncalibrated default")
+    ap.add_argument("--probe-fraction", type=float, default=0.1,
+                    help="the probe's share of the steps (ReuseSettings.probe_fraction); --risk-model "
+                         "auto finds the committed calibration for this probe")
     ap.add_argument("--no-sparse-system", action="store_true",
                     help="skip the carnator_sparse system (Carnator at the main budget, sparse attention on)")
     ap.add_argument("--threads", type=int, default=1,
@@ -612,10 +619,10 @@ def main(argv=None) -> dict:
     from carnator_core.gate import GateSettings
     world = World(a.model, steps=a.steps, cfg=a.cfg, threads=a.threads)
     fp = world.fingerprint
-    rm_path = default_risk_model(fp) if a.risk_model == "auto" else (None if a.risk_model == "prior" else a.risk_model)
+    rm_path = default_risk_model(fp, a.probe_fraction) if a.risk_model == "auto" else (None if a.risk_model == "prior" else a.risk_model)
     rm = RiskModel.load(rm_path) if rm_path else RiskModel()
     budgets = sorted(set(a.budgets) | {a.main_budget})
-    settings = ReuseSettings(probe_fraction=0.1, gate=GateSettings())
+    settings = ReuseSettings(probe_fraction=a.probe_fraction, gate=GateSettings())
     fill_calls = settings.region_fill_calls if a.fill_calls is None else a.fill_calls
     snaps = settings.snapshot_steps(a.steps)
     probe_steps = settings.probe_steps(a.steps)
@@ -627,6 +634,7 @@ def main(argv=None) -> dict:
                             "budgets": budgets, "main_budget": a.main_budget,
                             "thresholds": a.thresholds, "text_band_depths": band_depths,
                             "snapshot_steps": snaps, "probe_steps": probe_steps,
+                            "probe_fraction": a.probe_fraction,
                             "sparse_system": not a.no_sparse_system, "limit": a.limit,
                             "region_fill_calls": fill_calls, "min_saving": a.min_saving,
                             "recurring_sources": a.recurring_sources,
@@ -651,7 +659,7 @@ def main(argv=None) -> dict:
             for b in budgets:
                 print(f"[{name}] carnator α={b:g} …", flush=True)
                 carn[b] = run_carnator(world, lines, refs, b, rm_path, a.psnr_bound, False, workdir,
-                                       fill_calls, a.min_saving, a.recurring_sources)
+                                       fill_calls, a.min_saving, a.recurring_sources, a.probe_fraction)
             composed = {}
             for tau in a.easycache:
                 print(f"[{name}] EasyCache {tau:g} …", flush=True)
@@ -660,7 +668,8 @@ def main(argv=None) -> dict:
             for tau in a.easycache_carnator:
                 print(f"[{name}] carnator α={a.main_budget:g} + EasyCache {tau:g} …", flush=True)
                 m = run_carnator(eased(world, tau), lines, refs, a.main_budget, rm_path, a.psnr_bound,
-                                 False, workdir, fill_calls, a.min_saving, a.recurring_sources)[0]
+                                 False, workdir, fill_calls, a.min_saving, a.recurring_sources,
+                                 a.probe_fraction)[0]
                 composed[f"carnator_easycache_{tau:g}"] = {**m, "easycache_threshold": tau,
                                                            "risk_budget": a.main_budget}
             main_c = carn[a.main_budget][0]
@@ -674,7 +683,7 @@ def main(argv=None) -> dict:
             if not a.no_sparse_system:
                 print(f"[{name}] carnator α={a.main_budget:g} with sparse attention …", flush=True)
                 sp = run_carnator(world, lines, refs, a.main_budget, rm_path, a.psnr_bound, True, workdir,
-                                  fill_calls, a.min_saving, a.recurring_sources)[0]
+                                  fill_calls, a.min_saving, a.recurring_sources, a.probe_fraction)[0]
                 results["workloads"][name]["carnator_sparse"] = {**sp, "risk_budget": a.main_budget}
             results["sweeps"][name] = {
                 "text": [{"threshold": t, **m} for t, (m, _) in text_sweep.items()],

@@ -26,7 +26,7 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from .gate import EVIDENCE_CLASSES, RiskModel, evidence_class
+from .gate import DEFAULT_PROBE_FRACTION, EVIDENCE_CLASSES, RiskModel, evidence_class, same_probe
 from .risk_control import clopper_pearson_lower, clopper_pearson_upper, min_accepted
 
 DB_NAME = "audits.sqlite"
@@ -37,7 +37,7 @@ CREATE TABLE IF NOT EXISTS audits (
     id INTEGER PRIMARY KEY, time REAL NOT NULL, fingerprint TEXT NOT NULL,
     calibration TEXT NOT NULL, alpha REAL NOT NULL, klass TEXT NOT NULL, level INTEGER NOT NULL,
     k INTEGER, steps INTEGER, score REAL, psnr REAL NOT NULL, label INTEGER NOT NULL,
-    space TEXT NOT NULL, entry_id TEXT, request TEXT, features TEXT);
+    space TEXT NOT NULL, entry_id TEXT, request TEXT, features TEXT, probe_fraction REAL);
 CREATE INDEX IF NOT EXISTS audits_by_model ON audits (fingerprint, calibration, alpha, klass, level);
 CREATE TABLE IF NOT EXISTS audit_levels (
     fingerprint TEXT NOT NULL, calibration TEXT NOT NULL, alpha REAL NOT NULL, klass TEXT NOT NULL,
@@ -59,8 +59,9 @@ def sampled(rate: float, key: str) -> bool:
 
 def calibration_id(model: RiskModel) -> str:
     """Which calibration the audits judge: the prior, or a digest of the fitted model."""
-    if not model.calibrated:
-        return "prior"
+    if not model.calibrated:  # the prior's audits are kept apart per probe, as calibrations are
+        return "prior" if same_probe(model.probe_fraction, DEFAULT_PROBE_FRACTION) \
+            else f"prior@probe{model.probe_fraction:g}"
     return hashlib.sha256(json.dumps(asdict(model), sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -104,6 +105,19 @@ class AuditLog:
         self.db = sqlite3.connect(str(self.path), timeout=30, isolation_level=None)
         self.db.execute("PRAGMA journal_mode=WAL")
         self.db.executescript(SCHEMA)
+        self._add_probe_column()
+
+    def _add_probe_column(self) -> None:
+        """Audit files written before the probe was recorded: their audits (NULL) were all
+        made with the default probe."""
+        columns = {row[1] for row in self.db.execute("PRAGMA table_info(audits)")}
+        if "probe_fraction" in columns:
+            return
+        try:
+            self.db.execute("ALTER TABLE audits ADD COLUMN probe_fraction REAL")
+        except sqlite3.OperationalError as e:  # another worker added it in between
+            if "duplicate column" not in str(e):
+                raise
 
     def close(self) -> None:
         self.db.close()
@@ -121,7 +135,8 @@ class AuditLog:
 
     def record(self, fingerprint: str, calibration: str, alpha: float, features: dict,
                score: float | None, k: int, steps: int, psnr: float, label: int, space: str,
-               entry_id: str | None = None, request: str | None = None) -> dict:
+               entry_id: str | None = None, request: str | None = None,
+               probe_fraction: float = DEFAULT_PROBE_FRACTION) -> dict:
         """Store one audit; tighten its class if the audits at its level now show α broken.
         Returns the class's state (``interval`` plus level and what changed)."""
         klass = evidence_class(features)
@@ -130,10 +145,11 @@ class AuditLog:
             level = self.levels(fingerprint, calibration, alpha).get(klass, 0)
             self.db.execute(
                 "INSERT INTO audits (time, fingerprint, calibration, alpha, klass, level, k, steps, "
-                "score, psnr, label, space, entry_id, request, features) "
-                "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                "score, psnr, label, space, entry_id, request, features, probe_fraction) "
+                "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
                 (time.time(), fingerprint, calibration, alpha, klass, level, k, steps, score,
-                 psnr, int(label), space, entry_id, request, json.dumps(features)))
+                 psnr, int(label), space, entry_id, request, json.dumps(features),
+                 float(probe_fraction)))
             n, bad = self.db.execute(
                 "SELECT COUNT(*), COALESCE(SUM(label),0) FROM audits WHERE fingerprint=? AND "
                 "calibration=? AND alpha=? AND klass=? AND level=?",
@@ -176,11 +192,14 @@ class AuditLog:
             a["all"] = interval(*a["all"][::-1])
         return out
 
-    def audit_instances(self, fingerprint: str, tolerance) -> list[dict]:
+    def audit_instances(self, fingerprint: str, tolerance,
+                        probe_fraction: float = DEFAULT_PROBE_FRACTION) -> list[dict]:
         """The audits as calibration instances (one labelled depth each), to refit with:
-        those measured in the tolerance's space, labelled by its bound."""
-        rows = self.db.execute("SELECT id, features, k, steps, psnr FROM audits WHERE "
-                               "fingerprint=? AND space=?", (fingerprint, tolerance.space))
+        those measured in the tolerance's space with this probe, labelled by its bound."""
+        rows = [r[:5] for r in self.db.execute(
+            "SELECT id, features, k, steps, psnr, probe_fraction FROM audits WHERE "
+            "fingerprint=? AND space=?", (fingerprint, tolerance.space))
+            if same_probe(DEFAULT_PROBE_FRACTION if r[5] is None else r[5], probe_fraction)]
         out = []
         for i, feats, k, steps, psnr in rows:
             label = psnr < tolerance.psnr_bound

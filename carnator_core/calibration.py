@@ -17,8 +17,8 @@ import json
 import random
 from pathlib import Path
 
-from .gate import (EVIDENCE_CLASSES, FEATURES, RiskModel, evidence_class, finish_allows, finish_cost,
-                   option_key)
+from .gate import (DEFAULT_PROBE_FRACTION, EVIDENCE_CLASSES, FEATURES, RiskModel, calibration_file,
+                   evidence_class, finish_allows, finish_cost, option_key)
 from .risk_control import certify, clopper_pearson_upper
 
 
@@ -168,10 +168,12 @@ def certify_model(model: RiskModel, instances: list[dict], delta: float = 0.1,
 def fit_and_certify(instances: list[dict], region_threshold: float, delta: float = 0.1,
                     holdout: float = CERTIFY_SHARE, form: str = "interaction",
                     max_region_fraction: float = 0.5, tolerance: dict | None = None,
-                    alphas=(0.02, 0.05, 0.1)) -> tuple[RiskModel, dict]:
+                    alphas=(0.02, 0.05, 0.1),
+                    probe_fraction: float = DEFAULT_PROBE_FRACTION) -> tuple[RiskModel, dict]:
     """The whole procedure on measured instances: split by pair, fit the ranking on one
     side, certify the thresholds on the other (Learn-then-Test, confidence 1−δ), and check
-    the gate's decisions on both. Returns the model (ready to save) and a report."""
+    the gate's decisions on both. Returns the model (ready to save) and a report.
+    ``probe_fraction``: the probe the instances were measured with (the model holds for it)."""
     if not rows_of(instances)[0]:
         raise ValueError(f"none of the {len(instances)} measured candidate pairs came within the "
                          f"gate's region limit ({max_region_fraction:.0%} of the tiles), so no reuse "
@@ -188,6 +190,7 @@ def fit_and_certify(instances: list[dict], region_threshold: float, delta: float
                      f"held-out pairs at {1 - delta:.0%} confidence")
     rows, labels = rows_of(instances)
     model.tolerance, model.measured_reuses = tolerance, len(rows)
+    model.probe_fraction = float(probe_fraction)
     report = {
         "instances": len(instances), "measured_reuses": len(rows), "exceeded_tolerance": sum(labels),
         "train_instances": len(train), "heldout_instances": len(held), "form": form,
@@ -230,13 +233,15 @@ def measured_region_finish(instances: list[dict]) -> dict[str, bool]:
     return {klass: True for klass, ways in seen.items() if True in ways}
 
 
-def calibration_path(cache_folder: str | Path, model_fingerprint: str) -> Path:
-    """Where ``gate.risk_model_for`` looks for this model's fitted risk model."""
-    return Path(cache_folder) / "calibration" / f"{model_fingerprint}.json"
+def calibration_path(cache_folder: str | Path, model_fingerprint: str,
+                     probe_fraction: float = DEFAULT_PROBE_FRACTION) -> Path:
+    """Where ``gate.risk_model_for`` looks for this model's risk model for this probe."""
+    return calibration_file(cache_folder, model_fingerprint, probe_fraction)
 
 
 def save(model: RiskModel, cache_folder: str | Path, model_fingerprint: str) -> Path:
-    path = calibration_path(cache_folder, model_fingerprint)
+    """Write the model where the gate finds it for the probe it was measured with."""
+    path = calibration_path(cache_folder, model_fingerprint, model.probe_fraction)
     path.parent.mkdir(parents=True, exist_ok=True)
     model.save(path)
     return path

@@ -5,29 +5,45 @@ from __future__ import annotations
 from pathlib import Path
 
 from . import audit
-from .gate import RiskModel, risk_model_for
+from .gate import DEFAULT_PROBE_FRACTION, RiskModel, calibration_file, risk_model_for
 
 
-def model_status(cache_folder: str | Path, fingerprint: str, model: RiskModel | None = None) -> dict:
-    """The gate's calibration and audits for one model fingerprint (``model``: the risk model
-    already loaded for it, so a request does not read the file twice)."""
+def model_status(cache_folder: str | Path, fingerprint: str, model: RiskModel | None = None,
+                 probe_fraction: float = DEFAULT_PROBE_FRACTION) -> dict:
+    """The gate's calibration and audits for one model fingerprint and probe (``model``: the
+    risk model already loaded for them, so a request does not read the file twice)."""
     folder = Path(cache_folder)
-    where = "cache" if (folder / "calibration" / f"{fingerprint}.json").is_file() else None
+    where = "cache" if calibration_file(folder, fingerprint, probe_fraction).is_file() else None
     problem = None
     if model is None:
         try:
-            model = risk_model_for(folder, fingerprint)
+            model = risk_model_for(folder, fingerprint, probe_fraction)
         except ValueError as e:
-            model, problem = RiskModel(), str(e)
+            model, problem = RiskModel(probe_fraction=probe_fraction), str(e)
     out = {"fingerprint": fingerprint, "calibrated": bool(model.calibrated and where),
            "where": where, "source": model.source, "measured_reuses": model.measured_reuses,
            "tolerance": model.tolerance, "confidence": model.confidence,
            "certified_budgets": sorted({float(a) for t in model.thresholds.values() for a in t}),
-           "problem": problem, "audits": {}}
+           "problem": problem, "audits": {}, "probe_fraction": float(probe_fraction),
+           "other_probes": other_probes(folder, fingerprint, probe_fraction)}
     if (folder / audit.DB_NAME).exists():
         with audit.AuditLog(folder) as log:
             out["audits"] = log.status(fingerprint, audit.calibration_id(model))
     return out
+
+
+def other_probes(folder: Path, fingerprint: str, probe_fraction: float) -> list[float]:
+    """The probes this model was calibrated with besides this one (to say which to use)."""
+    cal, found = folder / "calibration", []
+    if (cal / f"{fingerprint}.json").is_file():
+        found.append(DEFAULT_PROBE_FRACTION)
+    for p in cal.glob(f"{fingerprint}.probe*.json") if cal.is_dir() else ():
+        try:
+            found.append(float(p.name[len(fingerprint) + len(".probe"):-len(".json")]))
+        except ValueError:
+            continue  # a report or progress file beside it
+    return sorted(f for f in set(found) if calibration_file(folder, fingerprint, f).is_file()
+                  and abs(f - probe_fraction) > 1e-6)
 
 
 def known_fingerprints(cache_folder: str | Path, from_entries: list[str] = ()) -> list[str]:
@@ -48,11 +64,20 @@ def status_line(status: dict, alpha: float | None = None) -> str:
     if status["problem"]:
         return f"gate: calibration file unusable ({status['problem']})"
     if not status["calibrated"]:
-        line = ("gate: uncalibrated prior (α is a relative knob here; run Carnator Calibrate "
-                "on this model to make it a promise)")
+        others = status.get("other_probes") or []
+        if others:
+            line = (f"gate: uncalibrated prior for probe_fraction {status['probe_fraction']:g} (this "
+                    f"model was calibrated with probe_fraction {', '.join(f'{f:g}' for f in others)}: "
+                    "use that probe, or calibrate with this one, to make α a promise)")
+        else:
+            line = ("gate: uncalibrated prior (α is a relative knob here; run Carnator Calibrate "
+                    "on this model to make it a promise)")
     else:
         tol = status["tolerance"] or {}
-        line = (f"gate: calibrated ({status['measured_reuses']:,} reuses measured"
+        probe = status.get("probe_fraction", DEFAULT_PROBE_FRACTION)
+        line = ("gate: calibrated"
+                + ("" if abs(probe - DEFAULT_PROBE_FRACTION) < 1e-6 else f" for probe_fraction {probe:g}")
+                + f" ({status['measured_reuses']:,} reuses measured"
                 + (f", PSNR on {tol.get('space')} ≥ {tol.get('psnr_bound'):g} dB" if tol else "")
                 + ")")
     a = status["audits"].get(f"{alpha:g}") if alpha is not None else None

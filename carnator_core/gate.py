@@ -71,6 +71,22 @@ def evidence_class(features: dict[str, float]) -> str:
 INTERACTION_EVIDENCE_SCALE = 0.01  # s(e) = log(1 + e/0.01): 0.4% of tiles and 15% far apart
 
 
+DEFAULT_PROBE_FRACTION = 0.1  # ReuseSettings' default; a calibration file without a probe is this one's
+
+
+def same_probe(a: float, b: float) -> bool:
+    return abs(float(a) - float(b)) < 1e-6
+
+
+def calibration_file(cache_folder: str | Path, model_fingerprint: str,
+                     probe_fraction: float = DEFAULT_PROBE_FRACTION) -> Path:
+    """Where a model's calibration for this probe lives: ``<fingerprint>.json`` for the
+    default probe, ``<fingerprint>.probe<share>.json`` for another."""
+    name = model_fingerprint if same_probe(probe_fraction, DEFAULT_PROBE_FRACTION) \
+        else f"{model_fingerprint}.probe{float(probe_fraction):g}"
+    return Path(cache_folder) / "calibration" / f"{name}.json"
+
+
 @dataclass
 class RiskModel:
     """P(deviation > tolerance | evidence e, depth d) = sigmoid(z), with
@@ -111,6 +127,11 @@ class RiskModel:
     # Classes whose guided finish computes region M's tokens between its calls
     # (region_compute.py; {"other": True}), as their reuses were measured.
     finish_region: dict[str, bool] = field(default_factory=dict)
+    # The probe's share of the steps the reuses were measured with: evidence read after one
+    # probe step is not the evidence read after two, so the thresholds hold for this probe
+    # only (risk_model_for finds a calibration by fingerprint and probe). Files written
+    # before this field were all measured with the default probe.
+    probe_fraction: float = DEFAULT_PROBE_FRACTION
 
     def scaled(self, features: dict[str, float]) -> dict[str, float]:
         """The evidence as the weights see it (depth_fraction passes through)."""
@@ -259,13 +280,20 @@ def _logistic(x: torch.Tensor, y: torch.Tensor, l2: float, iters: int, lr: float
         return weights().detach().clone(), float(b.detach())
 
 
-def risk_model_for(cache_folder: str | Path, model_fingerprint: str) -> RiskModel:
-    """The calibrated risk model for this model if one was fitted, else the default prior.
-    A file is found by the model's fingerprint only: another model's is never used."""
-    path = Path(cache_folder) / "calibration" / f"{model_fingerprint}.json"
-    if path.is_file():
-        return RiskModel.load(path)
-    return RiskModel()
+def risk_model_for(cache_folder: str | Path, model_fingerprint: str,
+                   probe_fraction: float = DEFAULT_PROBE_FRACTION) -> RiskModel:
+    """The calibrated risk model for this model and probe if one was fitted, else the
+    default prior. A file is found by the model's fingerprint and the probe only: another
+    model's, or one measured with another probe, is never used."""
+    path = calibration_file(cache_folder, model_fingerprint, probe_fraction)
+    if not path.is_file():
+        return RiskModel(probe_fraction=float(probe_fraction))
+    model = RiskModel.load(path)
+    if not same_probe(model.probe_fraction, probe_fraction):
+        raise ValueError(f"risk model {path} was measured with probe_fraction "
+                         f"{model.probe_fraction:g}, not {float(probe_fraction):g}: its name and "
+                         "content disagree; re-run calibration or delete the file")
+    return model
 
 
 @dataclass

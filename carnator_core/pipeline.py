@@ -23,7 +23,7 @@ from .cache import CacheError, LookupResult, StoredEntry, TrajectoryCache
 from .cache_backend import open_cache as open_location
 from .entry_precision import from_entry, latent_keys, loaded_latent, stored_latent, to_entry
 from .cache_index import served_class
-from .gate import (SAME_SCENE_GAP, GateSettings, Plan, RiskModel, decide, evidence_class,
+from .gate import (DEFAULT_PROBE_FRACTION, SAME_SCENE_GAP, GateSettings, Plan, RiskModel, decide, evidence_class,
                    fill_steps, hit_saving, risk_model_for)
 from .keys import CompatibilityClass, shape_str
 from .sparse_reuse import CONNECTIVITY_KEYS, Connectivity, SparseSettings
@@ -39,7 +39,9 @@ log = logging.getLogger("carnator")
 
 @dataclass
 class ReuseSettings:
-    probe_fraction: float = 0.1     # share of steps the probe runs (at least 1)
+    # share of steps the probe runs (at least 1); a calibration holds for the probe it was
+    # measured with (gate.risk_model_for)
+    probe_fraction: float = DEFAULT_PROBE_FRACTION
     snapshot_count: int = 7         # stored x_k snapshots per trajectory (4, 6, …, 16 of 20)
     top_k: int = 3
     # Model steps spent on the request's own coarse trajectory from the probe to k*, which
@@ -437,7 +439,8 @@ def calibrated_risk_model(pr: ProbeResult) -> tuple[RiskModel | None, str | None
     """This model's risk model, or None and why: a damaged calibration file must not fail
     the request (it runs as a miss, or as the exact repeat it is)."""
     try:
-        return risk_model_for(pr.cache.folder, pr.klass.model_fingerprint), None
+        return risk_model_for(pr.cache.folder, pr.klass.model_fingerprint,
+                              pr.settings.probe_fraction), None
     except (ValueError, OSError) as e:
         return None, f"{e}; the request ran as a miss"
 
@@ -582,7 +585,8 @@ def reuse(pr: ProbeResult, plan: Plan) -> tuple[torch.Tensor, Summary]:
     s.stored_id = _store(pr, record, final, plan if outcome == "hit" else None, own_connectivity)
     if pr.cache is not None:
         s.calibration = guarded(pr.cache, "reading the calibration status", lambda: status_line(
-            model_status(pr.cache.folder, pr.klass.model_fingerprint, pr.gate_model),
+            model_status(pr.cache.folder, pr.klass.model_fingerprint, pr.gate_model,
+                         pr.settings.probe_fraction),
             pr.settings.gate.risk_budget),
             default="") or ""
     _finish_summary(pr, s, notes)
@@ -613,7 +617,8 @@ def _audit(pr: ProbeResult, plan: Plan, final: torch.Tensor) -> dict:
         with audit.AuditLog(pr.cache.folder) as log_:
             return log_.record(fp, audit.calibration_id(model), alpha, plan.features,
                                model.score(plan.features) if model.thresholds else plan.risk,
-                               plan.reuse_step, n, q, label, tol["space"], plan.entry_id, pr.exact_key)
+                               plan.reuse_step, n, q, label, tol["space"], plan.entry_id, pr.exact_key,
+                               probe_fraction=model.probe_fraction)
     state = guarded(pr.cache, "recording the audit", record) or {}
     text = (f"audited: PSNR {q:.1f} dB vs its full computation ({tol['space']}, bound "
             f"{tol['psnr_bound']:g} dB): {'BEYOND' if label else 'within'} tolerance")

@@ -212,20 +212,22 @@ def calibrate(make_run: Callable[[str, int], object], pairs: list[dict], setting
     ``fingerprint``; the report (with its held-out check) is saved beside it."""
     from . import calibration as CAL
     from .audit import DB_NAME, AuditLog
-    path = CAL.calibration_path(cache_folder, fingerprint)
+    path = CAL.calibration_path(cache_folder, fingerprint, settings.probe_fraction)
     instances = measure(pairs, make_run, settings, tolerance, progress_path(path), steps, seed,
                         decode, on_pair=on_pair)
     audits = []
     if include_audits and (Path(cache_folder) / DB_NAME).exists():
         with AuditLog(cache_folder) as log_:
-            audits = log_.audit_instances(fingerprint, tolerance)
+            audits = log_.audit_instances(fingerprint, tolerance, settings.probe_fraction)
     model, report = CAL.fit_and_certify(instances + audits, RiskModel().region_threshold,
                                         delta=delta, tolerance=tolerance.as_dict(),
-                                        max_region_fraction=settings.gate.max_region_fraction)
+                                        max_region_fraction=settings.gate.max_region_fraction,
+                                        probe_fraction=settings.probe_fraction)
     model.source = (f"generic calibration: {len(pairs)} prompt pairs, {len(audits)} live audits, "
                     f"PSNR on {tolerance.space} ≥ {tolerance.psnr_bound:g} dB; " + model.source)
     report.update(model_fingerprint=fingerprint, pairs=len(pairs), audits_used=len(audits),
-                  steps=steps, source=model.source, thresholds=model.thresholds)
+                  steps=steps, source=model.source, thresholds=model.thresholds,
+                  probe_fraction=settings.probe_fraction)
     CAL.save(model, cache_folder, fingerprint)
     path.with_name(path.stem + ".report.json").write_text(json.dumps(report, indent=1))
     return model, report
@@ -238,7 +240,8 @@ def report_text(report: dict) -> str:
     lines = [f"calibrated model {report['model_fingerprint'][:12]}: {report['pairs']} prompt pairs "
              f"+ {report.get('audits_used', 0)} audits → {report['measured_reuses']} reuses measured, "
              f"{report['exceeded_tolerance']} beyond tolerance (PSNR on {tol.get('space')} < "
-             f"{tol.get('psnr_bound')} dB)"]
+             f"{tol.get('psnr_bound')} dB), for probe_fraction {report.get('probe_fraction', 0.1):g} "
+             "(the samplers' probe must match)"]
     for klass, budgets in (report.get("thresholds") or {}).items():
         certified = ", ".join(f"{float(a):.0%}" for a in sorted(budgets, key=float)) or "none"
         lines.append(f"{klass.replace('_', '-')} evidence: budgets certified {certified}")

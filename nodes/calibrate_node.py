@@ -9,6 +9,7 @@ from ..carnator_core.comfy_adapter import (SAMPLER_NAMES, SCHEDULER_NAMES, calib
 from ..carnator_core.self_calibration import report_text
 from ..carnator_core.tolerance import Tolerance
 from ..carnator_core.experts import WAN22_SWITCH_SIGMA
+from ..carnator_core.gate import DEFAULT_PROBE_FRACTION
 from .inputs import expert_inputs
 from .settings import reuse_settings
 from .types import CacheConfig, node_id_of
@@ -41,7 +42,10 @@ class CarnatorCalibrate(io.ComfyNode):
                                tooltip="A reuse is beyond tolerance when its PSNR against the request's own full computation is below this (dB)."),
                 io.Boolean.Input("include_audits", default=True, tooltip="Also fit on the live audits this cache holds for the model."),
                 CacheConfig.Input("cache", optional=True, tooltip="Where the calibration is written (the cache the sampler uses)."),
-            ] + expert_inputs(),
+            ] + expert_inputs() + [
+                io.Float.Input("probe_fraction", default=0.1, min=0.02, max=0.5, step=0.01, optional=True,
+                               tooltip="The probe to calibrate for: the samplers' probe_fraction. A calibration holds for this probe only; calibrate once per probe you use."),
+            ],
             outputs=[io.String.Output("report", tooltip="Pairs and reuses measured, certified budgets, the held-out check.")],
             hidden=[io.Hidden.unique_id],
             is_output_node=True,
@@ -51,9 +55,9 @@ class CarnatorCalibrate(io.ComfyNode):
     def execute(cls, model, latent_image, prompts, pairs, first_seed, steps, cfg, sampler_name,
                 scheduler, psnr_bound, include_audits, clip=None, vae=None,
                 cache=None, low_noise_model=None, switch_step=0,
-                switch_sigma=WAN22_SWITCH_SIGMA) -> io.NodeOutput:
+                switch_sigma=WAN22_SWITCH_SIGMA, probe_fraction=DEFAULT_PROBE_FRACTION) -> io.NodeOutput:
         folder = (cache or {}).get("folder") or default_cache_folder()
-        settings = reuse_settings(probe_fraction=0.1)  # the samplers' default probe
+        settings = reuse_settings(probe_fraction=probe_fraction)
         tolerance = Tolerance(psnr_bound, "frames" if vae is not None else "latent")
         chosen = prompt_pairs.pairs_from_text(prompts, pairs, seed=first_seed)
         _, report = calibrate_model(model, clip, latent_image, chosen, steps, cfg, sampler_name,

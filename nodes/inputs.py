@@ -29,7 +29,7 @@ def sampling_inputs() -> list:
 def probe_inputs() -> list:
     return [
         io.Float.Input("probe_fraction", default=0.1, min=0.02, max=0.5, step=0.01,
-                       tooltip="Share of the steps the Early Probe runs for real (at least one). The probe steps belong to the request: a miss just continues from them."),
+                       tooltip="Share of the steps the Early Probe runs for real (at least one). The probe steps belong to the request: a miss just continues from them. A calibration holds for the probe it was measured with (Carnator Calibrate's probe_fraction); with another, the gate uses the uncalibrated prior."),
         io.Combo.Input("seed_policy", options=["same_seed", "shared_noise"], default="same_seed", optional=True,
                        tooltip="same_seed: reuse only entries made with this seed (interactive). shared_noise: requests draw noise from a small pool of canonical seeds so more of them are comparable (serving)."),
         io.Int.Input("snapshot_count", default=7, min=1, max=64, optional=True,

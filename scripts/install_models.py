@@ -8,7 +8,8 @@ Copies (never overwrites a file that differs: it says so and leaves it):
 - models/tinyworld/carnator_tinyworld_wan21.safetensors (the trained tiny world, 3.6 MB) and
   models/tiny/*.safetensors (three random-weight models of real architectures, 12 MB) into
   <ComfyUI>/models/diffusion_models/, the folder of Load Diffusion Model (UNETLoader);
-- models/calibration/<fingerprint>.json (each bundled model's calibration) into the default
+- models/calibration/<fingerprint>[.probe<share>].json (each bundled model's calibrations, one
+  per probe_fraction measured) into the default
   cache, <user directory>/carnator_cache/calibration/, so their gates run calibrated.
   A calibration you made yourself for the same model is kept.
 
@@ -19,6 +20,7 @@ from __future__ import annotations
 import argparse
 import filecmp
 import os
+import re
 import shutil
 import sys
 from pathlib import Path
@@ -32,8 +34,9 @@ def bundled_models() -> list[Path]:
 
 
 def bundled_calibrations() -> list[Path]:
-    return sorted(f for f in (PACK / "models" / "calibration").glob("*.json") if f.stem.count(".") == 0
-                  and len(f.stem) == 32)
+    """<fingerprint>.json (the default probe) and <fingerprint>.probe<share>.json (another)."""
+    return sorted(f for f in (PACK / "models" / "calibration").glob("*.json")
+                  if re.fullmatch(r"[0-9a-f]{32}(\.probe[0-9.]+)?", f.stem))
 
 
 def find_comfyui(given: str | None) -> Path | None:

@@ -83,7 +83,7 @@ WIDGETS = {
     "CarnatorSampler": (SAMPLING_WIDGETS + PROBE_WIDGETS + GATE_WIDGETS + PROBE_OPTIONAL
                         + GATE_OPTIONAL + SPARSE_OPTIONAL + AUDIT_OPTIONAL + EXPERT_OPTIONAL
                         + FINISH_OPTIONAL),
-    "CarnatorCalibrate": CALIBRATE_WIDGETS + EXPERT_OPTIONAL,
+    "CarnatorCalibrate": CALIBRATE_WIDGETS + EXPERT_OPTIONAL + ["probe_fraction"],
     "SaveLatent": ["filename_prefix"],
     "CarnatorTinyWorldDecode": ["scale"],
     "SaveAnimatedWEBP": ["filename_prefix", "fps", "lossless", "quality", "method"],
@@ -146,7 +146,7 @@ def calibration_graph(backbone: str) -> dict[str, dict]:
                                     "pairs": 60, "first_seed": 0, "steps": STEPS, "cfg": CFG,
                                     "sampler_name": "euler", "scheduler": "simple",
                                     "psnr_bound": 30.0, "include_audits": True,
-                                    "switch_step": 0, "switch_sigma": 0.875}),
+                                    "switch_step": 0, "switch_sigma": 0.875, "probe_fraction": 0.1}),
     }
     return {k: {"class_type": t, "inputs": i, "_meta": {"title": t}} for k, (t, i) in g.items()}
 

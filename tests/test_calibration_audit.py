@@ -6,6 +6,7 @@ whose failure rate is known, so the tests say exactly when it must (and must not
 """
 import json
 import random
+from pathlib import Path
 
 import pytest
 import torch
@@ -14,7 +15,7 @@ from carnator_core import audit, prompt_pairs
 from carnator_core.calibration_status import model_status, status_line
 from carnator_core.gate import RiskModel, evidence_class, risk_model_for
 from carnator_core.risk_control import min_accepted
-from carnator_core.self_calibration import Tolerance, calibrate, load_progress, progress_path
+from carnator_core.self_calibration import Tolerance, calibrate, load_progress, progress_path, report_text
 
 PROMPT = "a red ball rolls left across a green field"
 RELATED = "a red ball rolls left across a green field slowly"
@@ -216,3 +217,59 @@ def test_a_farm_sets_the_audit_rate_once_in_the_environment(monkeypatch):
     assert audit_rate_default() == 0.02
     monkeypatch.setenv("CARNATOR_AUDIT_RATE", "lots")
     assert audit_rate_default() == 0.0  # not a number: off, with a warning in the log
+
+
+# ------------------------------------------------------------------ a calibration per probe
+def test_a_calibration_holds_for_the_probe_it_was_measured_with(tiny_models, requests_in):
+    """Evidence read after one probe step is not the evidence read after two: a calibration
+    measured with one probe is found only by requests with that probe; another probe gets
+    the prior and a status line that names the calibrated one."""
+    import copy
+    model = tiny_models["wan21"]
+    from carnator_core.comfy_adapter import model_fingerprint
+    fp, folder = model_fingerprint(model), requests_in.cache_folder
+    make_run, _ = _tiny_runs(model, requests_in)
+    two_steps = copy.deepcopy(requests_in.settings)
+    two_steps.probe_fraction = 0.25  # 2 of 8 steps; the requests below probe 1 of 10 by default
+    cal, report = calibrate(make_run, prompt_pairs.pairs(n=4, seed=0), two_steps,
+                            Tolerance(30.0, "latent"), folder, fp, 8)
+    assert report["probe_fraction"] == 0.25 and "probe_fraction 0.25" in report_text(report)
+    assert (Path(folder) / "calibration" / f"{fp}.probe0.25.json").is_file()
+    assert not (Path(folder) / "calibration" / f"{fp}.json").exists()
+    assert risk_model_for(folder, fp, 0.25).calibrated and risk_model_for(folder, fp, 0.25).probe_fraction == 0.25
+    assert not risk_model_for(folder, fp).calibrated  # the default probe: the prior
+
+    _, other_probe = requests_in(model, "wan21", PROMPT)
+    assert "uncalibrated prior for probe_fraction 0.1" in other_probe.calibration, other_probe.text()
+    assert "calibrated with probe_fraction 0.25" in other_probe.calibration
+    requests_in.settings.probe_fraction = 0.25
+    _, same_probe = requests_in(model, "wan21", PROMPT, seed=8)
+    assert "gate: calibrated for probe_fraction 0.25" in same_probe.calibration, same_probe.text()
+
+    # a file whose name and content disagree is refused, and the request still runs (a miss)
+    (Path(folder) / "calibration" / f"{fp}.json").write_text(
+        (Path(folder) / "calibration" / f"{fp}.probe0.25.json").read_text())
+    with pytest.raises(ValueError, match="measured with probe_fraction 0.25, not 0.1"):
+        risk_model_for(folder, fp)
+    requests_in.settings.probe_fraction = 0.1
+    _, refused = requests_in(model, "wan21", RELATED)
+    assert refused.outcome == "miss" and "measured with probe_fraction 0.25" in refused.reason
+
+
+def test_audits_are_kept_apart_per_probe_and_an_older_file_gains_the_column(tmp_path):
+    import sqlite3
+    old = sqlite3.connect(str(tmp_path / audit.DB_NAME))  # an audit file from before the probe column
+    old.executescript(audit.SCHEMA.replace(", probe_fraction REAL", ""))
+    old.execute("INSERT INTO audits (time, fingerprint, calibration, alpha, klass, level, k, steps, "
+                "score, psnr, label, space, features) VALUES (0,'fpA','prior',0.05,'other',0,8,20,"
+                "NULL,35.0,0,'latent',?)", (json.dumps(OTHER),))
+    old.commit()
+    old.close()
+    tol = Tolerance(30.0, "latent")
+    with audit.AuditLog(tmp_path) as log:
+        log.record("fpA", "c1", 0.05, OTHER, None, 8, 20, 20.0, 1, "latent", probe_fraction=0.05)
+        default, short = log.audit_instances("fpA", tol), log.audit_instances("fpA", tol, 0.05)
+    assert [i["depths"][0]["psnr"] for i in default] == [35.0]  # the older audit: the default probe
+    assert [i["depths"][0]["psnr"] for i in short] == [20.0]
+    assert audit.calibration_id(RiskModel()) == "prior"
+    assert audit.calibration_id(RiskModel(probe_fraction=0.05)) == "prior@probe0.05"
