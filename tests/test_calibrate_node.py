@@ -48,6 +48,12 @@ def test_calibrate_node_writes_the_calibration_the_sampler_then_uses(tmp_path):
         mine = next(m for m in listed if m["fingerprint"] == fingerprint)
         assert mine["calibrated"] and mine["measured_reuses"] == saved["measured_reuses"]
         assert mine["example"] == BASE
+        assert mine["probe_fraction"] == 0.1 and mine["other_probes"] == []
+        # a calibration for another probe is listed beside it, never used for this one
+        other = dict(saved, probe_fraction=0.05)
+        (server.cache_dir / "calibration" / f"{fingerprint}.probe0.05.json").write_text(json.dumps(other))
+        mine = next(m for m in server.get("/carnator/calibration")["models"] if m["fingerprint"] == fingerprint)
+        assert mine["calibrated"] and mine["other_probes"] == [0.05]
 
         # run again: the finished calibration refits from its measurements (no new pairs)
         progress = (server.cache_dir / "calibration" / f"{fingerprint}.progress.jsonl").read_text()

@@ -177,9 +177,12 @@ class CachePanel {
   gates() {
     const rows = this.calibration.map((m) => {
       const tol = m.tolerance;
+      // a calibration holds for the probe_fraction it was measured with (10% unless named)
+      const others = (m.other_probes ?? []).length ? ` · also for probe_fraction ${m.other_probes.join(", ")}` : "";
       const what = m.problem ? `calibration unusable: ${m.problem}`
         : m.calibrated ? `calibrated: ${m.measured_reuses.toLocaleString()} reuses measured` +
-          (tol ? `, PSNR on ${tol.space} ≥ ${tol.psnr_bound} dB` : "")
+          (tol ? `, PSNR on ${tol.space} ≥ ${tol.psnr_bound} dB` : "") + others
+          : others ? `uncalibrated at probe_fraction ${m.probe_fraction}; calibrated for probe_fraction ${m.other_probes.join(", ")}`
           : "uncalibrated prior: α is a relative knob (run Carnator Calibrate)";
       const audits = Object.values(m.audits ?? {}).map((a) => {
         const all = a.all;
