@@ -14,9 +14,11 @@ Writes bench/results/wan_sparse_gpu.json (or --out). Random weights: timing only
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import math
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -86,7 +88,9 @@ def main() -> int:
     device = mm.get_torch_device()
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     model = build_model(cfg, device)
-    requests = Requests(tempfile.mkdtemp(prefix="carnator-bench-"), steps=cfg["steps"],
+    workdir = tempfile.mkdtemp(prefix="carnator-bench-")
+    atexit.register(shutil.rmtree, workdir, True)  # the cache is this run's alone: leave nothing in /tmp
+    requests = Requests(workdir, steps=cfg["steps"],
                         text_tokens=cfg["text_tokens"])
     requests.settings.sparse.keep_mass = args.keep_mass
     rows = {}
