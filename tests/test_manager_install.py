@@ -5,6 +5,7 @@ installs only from URLs with a host, so the repository is served from loopback b
 `git daemon`; Manager clones it into custom_nodes/ and installs requirements.txt.
 """
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -56,6 +57,10 @@ def test_comfyui_manager_installs_the_pack_and_comfyui_loads_it(tmp_path, git_se
     assert out.returncode == 0, out.stdout + out.stderr
     placed = {p.name for p in (host / "models" / "diffusion_models").iterdir()}
     assert {"carnator_tinyworld_wan21.safetensors", "carnator_tiny_wan21.safetensors"} <= placed, placed
+    calibrations = {p.name for p in (user / "carnator_cache" / "calibration").iterdir()}
+    bundled = {p.name for p in (installed / "models" / "calibration").glob("*.json")
+               if re.fullmatch(r"[0-9a-f]{32}(\.probe[0-9.]+)?\.json", p.name)}  # one per model and probe
+    assert bundled <= calibrations and any(".probe" in n for n in bundled), (bundled, calibrations)
     again = subprocess.run([sys.executable, str(installed / "scripts" / "install_models.py"),
                             "--user-directory", str(user)], cwd=host, capture_output=True, text=True)
     assert "copied" not in again.stdout and "already there" in again.stdout, again.stdout
