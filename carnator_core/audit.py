@@ -62,7 +62,10 @@ def calibration_id(model: RiskModel) -> str:
     if not model.calibrated:  # the prior's audits are kept apart per probe, as calibrations are
         return "prior" if same_probe(model.probe_fraction, DEFAULT_PROBE_FRACTION) \
             else f"prior@probe{model.probe_fraction:g}"
-    return hashlib.sha256(json.dumps(asdict(model), sort_keys=True).encode()).hexdigest()[:16]
+    fields = asdict(model)
+    if same_probe(fields["probe_fraction"], DEFAULT_PROBE_FRACTION):
+        del fields["probe_fraction"]  # the digest calibrations had before the field: their levels hold
+    return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def should_tighten(audits: int, failures: int, alpha: float, delta: float = DELTA) -> bool:

@@ -273,3 +273,9 @@ def test_audits_are_kept_apart_per_probe_and_an_older_file_gains_the_column(tmp_
     assert [i["depths"][0]["psnr"] for i in short] == [20.0]
     assert audit.calibration_id(RiskModel()) == "prior"
     assert audit.calibration_id(RiskModel(probe_fraction=0.05)) == "prior@probe0.05"
+    # a calibration of the default probe keeps the id it had before probes were recorded
+    # (taken from that version), so the levels its audits tightened still apply
+    before = RiskModel(calibrated=True, source="fitted before probes were recorded", measured_reuses=10,
+                       thresholds={"other": {"0.05": -2.0}})
+    assert audit.calibration_id(before) == "8ffb30875a8fc0ef"
+    assert audit.calibration_id(RiskModel(**{**before.__dict__, "probe_fraction": 0.05})) != "8ffb30875a8fc0ef"
