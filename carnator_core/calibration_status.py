@@ -5,7 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from . import audit
-from .gate import DEFAULT_PROBE_FRACTION, RiskModel, calibration_file, risk_model_for
+from .gate import (DEFAULT_PROBE_FRACTION, RiskModel, calibrated_probes, calibration_file,
+                   risk_model_for, same_probe)
 
 
 def model_status(cache_folder: str | Path, fingerprint: str, model: RiskModel | None = None,
@@ -34,16 +35,7 @@ def model_status(cache_folder: str | Path, fingerprint: str, model: RiskModel | 
 
 def other_probes(folder: Path, fingerprint: str, probe_fraction: float) -> list[float]:
     """The probes this model was calibrated with besides this one (to say which to use)."""
-    cal, found = folder / "calibration", []
-    if (cal / f"{fingerprint}.json").is_file():
-        found.append(DEFAULT_PROBE_FRACTION)
-    for p in cal.glob(f"{fingerprint}.probe*.json") if cal.is_dir() else ():
-        try:
-            found.append(float(p.name[len(fingerprint) + len(".probe"):-len(".json")]))
-        except ValueError:
-            continue  # a report or progress file beside it
-    return sorted(f for f in set(found) if calibration_file(folder, fingerprint, f).is_file()
-                  and abs(f - probe_fraction) > 1e-6)
+    return [f for f in calibrated_probes(folder, fingerprint) if not same_probe(f, probe_fraction)]
 
 
 def known_fingerprints(cache_folder: str | Path, from_entries: list[str] = ()) -> list[str]:
@@ -76,7 +68,7 @@ def status_line(status: dict, alpha: float | None = None) -> str:
         tol = status["tolerance"] or {}
         probe = status.get("probe_fraction", DEFAULT_PROBE_FRACTION)
         line = ("gate: calibrated"
-                + ("" if abs(probe - DEFAULT_PROBE_FRACTION) < 1e-6 else f" for probe_fraction {probe:g}")
+                + ("" if same_probe(probe, DEFAULT_PROBE_FRACTION) else f" for probe_fraction {probe:g}")
                 + f" ({status['measured_reuses']:,} reuses measured"
                 + (f", PSNR on {tol.get('space')} ≥ {tol.get('psnr_bound'):g} dB" if tol else "")
                 + ")")

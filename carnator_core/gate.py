@@ -87,6 +87,18 @@ def calibration_file(cache_folder: str | Path, model_fingerprint: str,
     return Path(cache_folder) / "calibration" / f"{name}.json"
 
 
+def calibrated_probes(cache_folder: str | Path, model_fingerprint: str) -> list[float]:
+    """The probes this model has a calibration file for (the names calibration_file gives)."""
+    folder = Path(cache_folder) / "calibration"
+    found = {DEFAULT_PROBE_FRACTION}
+    for p in folder.glob(f"{model_fingerprint}.probe*.json") if folder.is_dir() else ():
+        try:
+            found.add(float(p.name[len(f"{model_fingerprint}.probe"):-len(".json")]))
+        except ValueError:
+            continue  # a report or progress file beside a calibration
+    return sorted(f for f in found if calibration_file(cache_folder, model_fingerprint, f).is_file())
+
+
 @dataclass
 class RiskModel:
     """P(deviation > tolerance | evidence e, depth d) = sigmoid(z), with
