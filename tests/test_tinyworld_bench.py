@@ -144,6 +144,34 @@ def test_benchmark_smoke_exact_pairs(tmp_path):
     assert merged["workloads"] == data["workloads"] and merged["settings"]["merged_from"] == ["tinyworld.json"]
 
 
+@pytest.mark.skipif(not MODEL.is_file(), reason="tiny-world model not committed")
+def test_benchmark_meters_the_model_work_of_every_system(tmp_path):
+    """The compute meter counts what the model really ran: a full computation is N steps,
+    EasyCache's skipped calls are missing from it, and a Carnator request's own accounting
+    (probe, fill, finish; 0 for an exact repeat) is exactly what the model computed."""
+    wl = tmp_path / "pairs.jsonl"
+    red = _scene(("square", "red", "top left", "right"))
+    lines = [{"prompt": "a red square in the top left moves right", "seed": 11,
+              "seed_policy": "same_seed", "edit": "exact", "scene": red}] * 2
+    lines.append({"prompt": "a crimson box in the top left slides to the right", "seed": 11,
+                  "seed_policy": "same_seed", "edit": "synonym", "scene": red})
+    wl.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    out = tmp_path / "meter.json"
+    _bench().main([str(wl), "--budgets", "0.05", "--thresholds", "0.9", "--steps", "20",
+                   "--no-sparse-system", "--no-plots", "--records", "--easycache", "0.2",
+                   "--out", str(out)])
+    data = json.loads(out.read_text())
+    systems = data["workloads"]["pairs"]
+    assert systems["full"]["compute_speedup_workload"] == pytest.approx(1.0)
+    assert systems["easycache_0.2"]["compute_speedup_workload"] > 1.2  # calls it skipped
+    recs = data["records"]["pairs"]["0.05"]
+    assert [r["outcome"] for r in recs][:2] == ["miss", "exact"]
+    assert recs[1]["steps_measured"] == 0
+    for r in recs:
+        assert r["steps_measured"] == pytest.approx(r["steps_computed"], abs=1e-6)
+    assert recs[2]["steps_measured"] < 20 if recs[2]["outcome"] == "hit" else recs[2]["steps_measured"] == 20
+
+
 def _localization():
     return repo_scripts.load("bench/localization.py", "bench_loc")
 
