@@ -10,7 +10,8 @@ against the scene -- never by reading the prompt:
 
 - ``canonical``  ``world.caption(scene, canonical=True)``;
 - ``caption``    a ``world.caption()`` paraphrase: the language the committed model was trained on;
-- ``training``   a phrasing from ``tinyworld.language.TRAIN_FAMILIES``;
+- ``training``   K distinct phrasings from ``tinyworld.language.TRAIN_FAMILIES`` (--training,
+                 as many as held-out ones: the gap to training compares like with like);
 - ``held_out``   K distinct phrasings from ``HELD_OUT_FAMILIES``: structures a model trained
                  with ``--language broad`` never saw.
 
@@ -53,9 +54,11 @@ TARGETS = {"held_out_all_right_min": 0.90, "held_out_per_attribute_min": 0.95,
            "gap_to_training_max": 0.03, "held_out_pairs_within_bound_min": 0.80}
 
 
-def prompts_for(scene: dict, rng: random.Random, held_out: int) -> list[dict]:
-    """The scene's prompts: canonical, a caption() paraphrase, a training-family phrasing
-    and ``held_out`` distinct held-out-family phrasings (with the families each used)."""
+def prompts_for(scene: dict, rng: random.Random, held_out: int, training: int = 1) -> list[dict]:
+    """The scene's prompts: canonical, a caption() paraphrase, ``training`` distinct
+    training-family phrasings and ``held_out`` distinct held-out-family phrasings (with the
+    families each used). The training phrasings after the first are drawn last, so the first
+    and the held-out ones are the same whatever ``training`` is."""
     from tinyworld import language as LANG
     from tinyworld import world as WD
     train = LANG.compose(scene, rng, LANG.TRAIN_FAMILIES)
@@ -72,6 +75,14 @@ def prompts_for(scene: dict, rng: random.Random, held_out: int) -> list[dict]:
             out.append({"row": "held_out", "prompt": got.text, "families": got.families})
     if len(seen) < held_out:
         raise RuntimeError(f"only {len(seen)} distinct held-out phrasings of {scene} in {100 * held_out} draws")
+    told = {train.text}
+    for _ in range(100 * training):
+        if len(told) >= training:
+            break
+        got = LANG.compose(scene, rng, LANG.TRAIN_FAMILIES)
+        if got.text not in told:
+            told.add(got.text)
+            out.append({"row": "training", "prompt": got.text, "families": got.families})
     return out
 
 
@@ -114,7 +125,8 @@ def pair_stats(values: list[float], bound: float) -> dict:
             "psnr_median": statistics.median(values) if values else None}
 
 
-def measure(world, bench, scenes, held_out: int, phrase_seed: int, log_every: int = 10) -> tuple[list, dict]:
+def measure(world, bench, scenes, held_out: int, phrase_seed: int, log_every: int = 10,
+            training: int = 1) -> tuple[list, dict]:
     """Every scene's prompts computed and checked; returns (records, PSNR lists)."""
     recs: list[dict] = []
     psnrs = {"held_out_pairs": [], "held_out_vs_canonical": [], "caption_vs_canonical": [],
@@ -124,7 +136,7 @@ def measure(world, bench, scenes, held_out: int, phrase_seed: int, log_every: in
         rng = random.Random(phrase_seed * 1_000_003 + i)
         videos: dict[str, object] = {}
         mine = []
-        for p in prompts_for(scene, rng, held_out):
+        for p in prompts_for(scene, rng, held_out, training):
             if p["prompt"] not in videos:
                 run = world.new_run(p["prompt"], seed, "same_seed")
                 videos[p["prompt"]] = world.video(run.sample(0, run.steps, None))
@@ -185,6 +197,9 @@ def main(argv=None) -> dict:
     ap.add_argument("--model", default=None, help="ComfyUI diffusion model (default: the committed tiny-world model)")
     ap.add_argument("--scenes", type=int, default=120, help="scenes, alternately one and two objects")
     ap.add_argument("--held-out", type=int, default=3, help="distinct held-out phrasings per scene")
+    ap.add_argument("--training", type=int, default=3,
+                    help="distinct training-family phrasings per scene: as many as held-out ones, so the "
+                         "gap between the two rows compares estimates of one precision (1 before)")
     ap.add_argument("--seed", type=int, default=13, help="scenes and their sampling seeds")
     ap.add_argument("--phrase-seed", type=int, default=2013, help="the phrasings drawn for each scene")
     ap.add_argument("--steps", type=int, default=20)
@@ -202,12 +217,12 @@ def main(argv=None) -> dict:
     t_start = time.time()
     world = bench.World(model, steps=a.steps, cfg=a.cfg, threads=a.threads)
     scenes = scenes_and_seeds(a.scenes, a.seed)
-    recs, psnrs = measure(world, bench, scenes, a.held_out, a.phrase_seed)
+    recs, psnrs = measure(world, bench, scenes, a.held_out, a.phrase_seed, training=a.training)
     from tinyworld import language as LANG
     results = results_of(recs, psnrs, a.psnr_bound)
     results["counts"] = {"scenes": len(scenes), "one_object": sum(len(s["objects"]) == 1 for s, _ in scenes),
                          "two_object": sum(len(s["objects"]) == 2 for s, _ in scenes),
-                         "held_out_per_scene": a.held_out,
+                         "held_out_per_scene": a.held_out, "training_per_scene": a.training,
                          "prompts": {row: results["rows"][row]["n"] for row in ROWS},
                          "videos": len({(r["scene"], r["prompt"]) for r in recs}),
                          "held_out_pairs": len(psnrs["held_out_pairs"])}

@@ -241,13 +241,13 @@ def test_training_bank_language_option(tmp_path):
 def test_phrasing_benchmark_smoke(tmp_path):
     mod = repo_scripts.load("bench/phrasing.py", "bench_phrasing")
     out = tmp_path / "phrasing.json"
-    res = mod.main(["--scenes", "2", "--held-out", "2", "--out", str(out)])
+    res = mod.main(["--scenes", "2", "--held-out", "2", "--training", "2", "--out", str(out)])
     saved = json.loads(out.read_text())
     assert saved["held_out_phrasing_all_right"] == res["held_out_phrasing_all_right"]
     for key in ("held_out_phrasing", "training_phrasing", "caption_phrasing", "canonical_caption"):
         assert 0.0 <= saved[f"{key}_all_right"] <= 1.0
         assert set(saved[f"{key}_per_attribute"]) == {"shape", "colour", "position", "motion", "count"}
-    assert saved["counts"]["prompts"] == {"canonical": 2, "caption": 2, "training": 2, "held_out": 4}
+    assert saved["counts"]["prompts"] == {"canonical": 2, "caption": 2, "training": 4, "held_out": 4}
     assert saved["pairs"]["held_out_pairs"]["n"] == 2 and saved["held_out_pairs_within_30db"] is not None
     assert saved["settings"]["model"].endswith("carnator_tinyworld_wan21.safetensors")
     assert saved["command"].startswith("python bench/phrasing.py")
@@ -255,3 +255,20 @@ def test_phrasing_benchmark_smoke(tmp_path):
                                      "held_out_pairs_within_bound"}
     held = [r for r in saved["records"] if r["row"] == "held_out"]
     assert all(set(r["families"]["clause"]) <= set(LANG.HELD_OUT_FAMILIES) for r in held)
+
+
+def test_phrasing_benchmark_draws_more_training_phrasings_without_moving_the_others():
+    """--training K adds training-family phrasings after the held-out ones: the prompts an
+    earlier run measured (first training phrasing, every held-out one) stay the same."""
+    import random
+    mod = repo_scripts.load("bench/phrasing.py", "bench_phrasing")
+    scene = {"objects": [{"shape": "square", "colour": "red", "position": "top left", "motion": "right"},
+                         {"shape": "circle", "colour": "blue", "position": "bottom right", "motion": "up"}]}
+    one = mod.prompts_for(scene, random.Random(7), held_out=3, training=1)
+    three = mod.prompts_for(scene, random.Random(7), held_out=3, training=3)
+    assert three[:len(one)] == one
+    extra = three[len(one):]
+    assert [p["row"] for p in extra] == ["training", "training"]
+    texts = [p["prompt"] for p in three if p["row"] == "training"]
+    assert len(set(texts)) == 3
+    assert all(set(p["families"]["clause"]) <= set(LANG.TRAIN_FAMILIES) for p in extra)
