@@ -24,15 +24,26 @@ def tensor_digest(t: torch.Tensor, max_values: int = 0) -> str:
     """
     t = t.detach()
     h = hashlib.sha256(f"{t.dtype}|{tuple(t.shape)}".encode())
+    try:
+        h.update(_value_bytes(t, max_values))
+    except (TypeError, RuntimeError, NotImplementedError):
+        # a quantized tensor subclass whose storage is not plain values: hash what it stands for
+        dequantize = getattr(t, "dequantize", None)
+        if dequantize is None:
+            raise
+        h.update(_value_bytes(dequantize(), max_values))
+    return h.hexdigest()
+
+
+def _value_bytes(t: torch.Tensor, max_values: int) -> bytes:
     flat = t.reshape(-1)
     if max_values and flat.numel() > max_values:
         step = flat.numel() // max_values
         flat = flat[::step][:max_values]
     flat = flat.to("cpu", copy=True).contiguous()
-    if flat.dtype == torch.bfloat16:  # numpy has no bfloat16: hash the raw bits
-        flat = flat.view(torch.int16)
-    h.update(flat.numpy().tobytes())
-    return h.hexdigest()
+    # the raw bytes, as numpy gives them for its own dtypes; float8 and bfloat16 have no numpy
+    # type (an fp8 checkpoint's weights would otherwise fail the fingerprint)
+    return flat.view(torch.uint8).numpy().tobytes()
 
 
 def digest(*parts: Any) -> str:

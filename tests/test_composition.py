@@ -59,3 +59,38 @@ def test_pipeline_runs_with_comfyui_easycache_on_the_model(tiny_models, requests
     assert torch.isfinite(second).all() and second.shape == first.shape
     # EasyCache's own OUTER_SAMPLE wrapper ran inside our segments (it logs a summary each time)
     assert any("EasyCache - skipped" in r.getMessage() for r in caplog.records)
+
+
+def test_an_fp8_checkpoint_gets_a_fingerprint_and_runs(tiny_models, requests_in):
+    """UNETLoader's weight_dtype fp8_e4m3fn (how fp8 Wan checkpoints are usually run): the
+    fingerprint hashes float8 weights (numpy has no float8) and a request runs and hits."""
+    import comfy.sd
+    from carnator_core.comfy_adapter import model_fingerprint
+    from conftest import REPO
+    fp8 = comfy.sd.load_diffusion_model(str(REPO / "models" / "tiny" / "carnator_tiny_wan21.safetensors"),
+                                        model_options={"dtype": torch.float8_e4m3fn})
+    dtypes = {v.dtype for v in fp8.model.diffusion_model.state_dict().values()}
+    assert torch.float8_e4m3fn in dtypes
+    assert model_fingerprint(fp8) != model_fingerprint(tiny_models["wan21"])  # other weights
+    first, s1 = requests_in(fp8, "wan21", PROMPT)
+    second, s2 = requests_in(fp8, "wan21", RELATED)
+    assert s1.outcome == "miss" and s2.outcome == "hit", s2.text()
+    assert torch.isfinite(second).all()
+
+
+def test_tensor_digest_keeps_its_bytes_and_reads_float8():
+    """Every digest made before (numpy's bytes; bfloat16 as its int16 bits) is unchanged, so
+    no fingerprint or calibration file name moves; float8 values are hashed too."""
+    import hashlib
+    from carnator_core.keys import tensor_digest
+    g = torch.Generator().manual_seed(0)
+    for t, raw in ((x := torch.randn(300, generator=g), x.numpy()),
+                   (y := torch.randn(300, generator=g).to(torch.bfloat16), y.view(torch.int16).numpy()),
+                   (z := torch.arange(50), z.numpy())):
+        old = hashlib.sha256(f"{t.dtype}|{tuple(t.shape)}".encode())
+        old.update(raw.tobytes())
+        assert tensor_digest(t) == old.hexdigest()
+    a = torch.randn(64, generator=g).to(torch.float8_e4m3fn)
+    b = (a.float() * 2).to(torch.float8_e4m3fn)
+    assert tensor_digest(a) == tensor_digest(a.clone()) != tensor_digest(b)
+    assert tensor_digest(a, max_values=8) != tensor_digest(b, max_values=8)
