@@ -68,12 +68,50 @@ def model_fingerprint(model) -> str:
             parts.append((name, tensor_digest(t, max_values=64)))
         _base_digests[module] = digest(parts)
     patches = [_behaviour_patches(model)]
+    injected = _injections(model)
+    if injected:  # only then: every fingerprint (and calibration file name) before them stays
+        patches.append(["injections", injected])
     for key in sorted(getattr(model, "patches", {})):
         for p in model.patches[key]:
             strength_patch, value, strength_model = p[0], p[1], p[2]
             patches.append((key, float(strength_patch), float(strength_model),
                             _digest_patch_value(value)))
     return digest(_base_digests[module], patches)[:32]
+
+
+def _injections(model) -> list:
+    """What ``ModelPatcher.injections`` add to the model's forward (ComfyUI's *bypass* LoRAs:
+    adapters run beside a layer, weights untouched, so neither weights nor ``patches`` show
+    them). A bypass manager's adapters and strengths are hashed like weight patches; an
+    injection whose content cannot be read gets this instance's identity, so its trajectories
+    are never taken for another model's (reused only while the same injection is loaded)."""
+    parts = []
+    for key in sorted(getattr(model, "injections", None) or {}):
+        for injection in model.injections[key]:
+            adapters = _injected_adapters(injection)
+            if adapters is None:
+                parts.append([key, f"unreadable {type(injection).__name__} {id(injection):x}"])
+                continue
+            parts.append([key, sorted([name, float(strength), _digest_patch_value(adapter)]
+                                      for name, (adapter, strength) in adapters.items())])
+    return parts
+
+
+def _injected_adapters(injection) -> dict | None:
+    """The ``{layer: (adapter, strength)}`` of the bypass manager an injection closes over."""
+    inject = getattr(injection, "inject", None)
+    holders = [getattr(inject, "__self__", None)]
+    for cell in getattr(inject, "__closure__", None) or ():
+        try:
+            holders.append(cell.cell_contents)
+        except ValueError:  # an empty cell
+            continue
+    for holder in holders:
+        adapters = getattr(holder, "adapters", None)
+        if isinstance(adapters, dict) and all(isinstance(v, tuple) and len(v) == 2
+                                              for v in adapters.values()):
+            return adapters
+    return None
 
 
 def _behaviour_patches(model) -> list:
@@ -266,6 +304,15 @@ def _text_tokens(executor, args, kwargs) -> int:
                if isinstance(bound.get(k), torch.Tensor) and bound[k].ndim == 3)
 
 
+def joint_text_first(block: torch.nn.Module) -> bool:
+    """Does this model's joint attention put the text tokens first? HunyuanVideo's blocks in
+    ComfyUI 0.3.x concatenate image then text when ``flipped_img_txt`` is set; later releases
+    dropped the attribute and always put text first. Sparse attention slices image-first
+    joint calls only, so text-first ones (and any model without the attribute, where the order
+    cannot be told) stay dense rather than masking the wrong tokens."""
+    return not getattr(block, "flipped_img_txt", False)
+
+
 def patched_for_recording(model, recorder: StepRecorder, expert: str | None = None):
     """A clone that records model calls (per ``expert`` too, when it is one of a pair) and
     one block's tokens at the capture steps."""
@@ -315,9 +362,7 @@ def patched_for_recording(model, recorder: StepRecorder, expert: str | None = No
     if blocks is None:
         log.info("Carnator: no known block list on %s; signature uses x̂0 only", backbone_name(m))
         return m
-    # HunyuanVideo in ComfyUI <= 0.3.x concatenates image then text tokens (flipped_img_txt);
-    # newer releases put text first. Sparse attention slices image-first only.
-    recorder.joint_text_first = getattr(blocks[0], "flipped_img_txt", True) is False
+    recorder.joint_text_first = joint_text_first(blocks[0])
     index = len(blocks) // 2
     replace = m.model_options.get("transformer_options", {}).get("patches_replace", {})
     previous = replace.get("dit", {}).get(("double_block", index))

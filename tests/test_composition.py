@@ -94,3 +94,56 @@ def test_tensor_digest_keeps_its_bytes_and_reads_float8():
     b = (a.float() * 2).to(torch.float8_e4m3fn)
     assert tensor_digest(a) == tensor_digest(a.clone()) != tensor_digest(b)
     assert tensor_digest(a, max_values=8) != tensor_digest(b, max_values=8)
+
+
+class _BypassLoras:
+    """How ComfyUI's LoraLoaderBypass applies LoRAs (comfy/weight_adapter/bypass.py, newer
+    than the vendored host): a manager of {layer: (adapter, strength)} whose one
+    PatcherInjection closes over it; neither the weights nor ``model.patches`` change."""
+
+    def __init__(self):
+        self.adapters = {}
+
+    def add_adapter(self, key, adapter, strength=1.0):
+        self.adapters[key] = (adapter, strength)
+
+    def create_injections(self, model):
+        from comfy.patcher_extension import PatcherInjection
+
+        def inject_all(model_patcher):
+            return self
+
+        def eject_all(model_patcher):
+            return self
+        return [PatcherInjection(inject=inject_all, eject=eject_all)]
+
+
+def _bypassed(model, strength, scale=0.05):
+    from comfy.weight_adapter.lora import LoRAAdapter
+    g = torch.Generator().manual_seed(5)
+    manager = _BypassLoras()
+    for name, w in model.model.diffusion_model.state_dict().items():
+        if name.endswith("self_attn.q.weight"):
+            up, down = torch.randn(w.shape[0], 4, generator=g) * scale, torch.randn(4, w.shape[1], generator=g) * scale
+            manager.add_adapter(f"diffusion_model.{name[:-7]}", LoRAAdapter(set(), (up, down, None, None, None, None)),
+                                strength)
+    assert manager.adapters
+    patched = model.clone()
+    patched.set_injections("bypass_lora", manager.create_injections(patched.model))
+    return patched
+
+
+def test_bypass_loras_and_other_injections_get_their_own_fingerprint(tiny_models):
+    from comfy.patcher_extension import PatcherInjection
+    from carnator_core.comfy_adapter import model_fingerprint
+    wan = tiny_models["wan21"]
+    base = model_fingerprint(wan)
+    full, half = _bypassed(wan, 1.0), _bypassed(wan, 0.5)
+    assert not full.patches  # invisible to the weight-patch path
+    assert model_fingerprint(full) != base and model_fingerprint(half) != base
+    assert model_fingerprint(full) != model_fingerprint(half)  # the strength counts
+    assert model_fingerprint(_bypassed(wan, 1.0)) == model_fingerprint(full)  # content, not identity
+    opaque = wan.clone()
+    opaque.set_injections("another_pack", [PatcherInjection(inject=lambda m: None, eject=lambda m: None)])
+    assert model_fingerprint(opaque) != base
+    assert model_fingerprint(wan.clone()) == base

@@ -142,3 +142,19 @@ def test_text_first_joint_attention_stays_dense(tiny_models, tmp_path):
     finally:
         for b, flipped in zip(blocks, saved):
             b.flipped_img_txt = flipped
+
+
+def test_joint_token_order_read_from_the_block(tiny_models):
+    """ComfyUI 0.3.x's HunyuanVideo block says image-first with ``flipped_img_txt``; newer
+    releases dropped the attribute and put text first: a block without it is text-first."""
+    from carnator_core.comfy_adapter import joint_text_first
+    block = tiny_models["hunyuan_video"].get_model_object("diffusion_model").double_blocks[0]
+    saved = block.flipped_img_txt
+    try:
+        assert saved is True and joint_text_first(block) is False
+        block.flipped_img_txt = False
+        assert joint_text_first(block) is True
+        del block.flipped_img_txt  # how newer ComfyUI builds it
+        assert joint_text_first(block) is True
+    finally:
+        block.flipped_img_txt = saved
