@@ -382,6 +382,11 @@ def patched_for_recording(model, recorder: StepRecorder, expert: str | None = No
     return m
 
 
+# conditioning that makes Wan append or prepend tokens of its own (a reference image; newer
+# releases' in-context latents): region calls index the latent's tokens only
+_EXTRA_TOKEN_CONDS = ("reference_latents", "context_latents")
+
+
 def _install_region_blocks(m, recorder: StepRecorder, n_blocks: int) -> None:
     """Block patches that, on a region call, run every block on region M's tokens alone
     (the first cuts the sequence down, the last puts it back) and otherwise pass through;
@@ -396,6 +401,12 @@ def _install_region_blocks(m, recorder: StepRecorder, n_blocks: int) -> None:
 
             region = recorder.region
             if region is None or region.mode is None:
+                return run(args)
+            if first:
+                # tokens the latent does not account for (another pack's extra inputs): the
+                # region cannot be placed among them, so this call is computed whole
+                region.whole_call = args["img"].shape[1] != region.n_tokens
+            if region.whole_call:
                 return run(args)
             chunk = tuple(args.get("transformer_options", {}).get("cond_or_uncond") or ())
             if first:
@@ -662,6 +673,12 @@ class ComfyRun:
         blocks = _find_block_list(net)
         if patch is None or blocks is None or not isinstance(net, WanModel):
             raise ValueError(f"computing region M alone needs a Wan-layout model, not {self.backbone}")
+        extra = sorted({key for c in list(self.positive or ()) + list(self.negative or ())
+                        if isinstance(c, (list, tuple)) and len(c) > 1 and isinstance(c[1], dict)
+                        for key in c[1] if key in _EXTRA_TOKEN_CONDS})
+        if extra:
+            raise ValueError(f"computing region M alone cannot place the extra tokens that "
+                             f"{', '.join(extra)} add to the model's input")
         shape = self.latent_image.shape[-3:]
         n_tokens = math.prod(-(-s // p) for s, p in zip(shape, patch))
         self.recorder.region = RegionCompute(token_index(mask, patch), n_tokens)

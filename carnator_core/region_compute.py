@@ -52,6 +52,7 @@ class RegionCompute:
         self.last_out: dict = {}
         self.layer = 0
         self.expect_self = False  # a block started: its first attention is self-attention
+        self.whole_call = False  # this call's input has tokens the latent does not account for
         self.region_calls = 0
         self.self_attention_extended = 0  # the test's evidence that the outside was attended
 

@@ -143,3 +143,15 @@ def test_a_region_finish_starts_only_where_its_calls_are_every_other_step():
     inst["depths"].append({"k": 8, "depth_fraction": 0.4, "label": 0, "finish_calls": 6,
                            "region_steps": 6, "token_share": 0.2})
     assert gate_decision(model, inst, 0.5)["k"] == 8
+
+
+def test_a_region_is_refused_where_the_conditioning_adds_tokens(tiny_models, requests_in):
+    """A reference image (ComfyUI's reference_latents; newer releases' context_latents) adds
+    tokens to Wan's input that a region of the latent cannot be placed among: a clear error,
+    which the finish turns into every step computed."""
+    run = requests_in.run_obj(tiny_models["wan21"], "wan21", PROMPT)
+    cond, extras = run.positive[0]
+    run.positive = [[cond, {**extras, "reference_latents": [torch.zeros(run.latent_shape)]}]]
+    with pytest.raises(ValueError, match="reference_latents"):
+        run.compute_region(_mask(run.latent_shape))
+    assert run.recorder.region is None
