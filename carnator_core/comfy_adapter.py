@@ -71,6 +71,10 @@ def model_fingerprint(model) -> str:
     injected = _injections(model)
     if injected:  # only then: every fingerprint (and calibration file name) before them stays
         patches.append(["injections", injected])
+    callbacks = sorted(f"{kind}:{key}" for kind, keyed in (getattr(model, "callbacks", None) or {}).items()
+                       for key in keyed)
+    if callbacks:  # other packs' callbacks (by name, like wrappers) may change the computation
+        patches.append(["callbacks", callbacks])
     for key in sorted(getattr(model, "patches", {})):
         for p in model.patches[key]:
             strength_patch, value, strength_model = p[0], p[1], p[2]
@@ -313,9 +317,26 @@ def joint_text_first(block: torch.nn.Module) -> bool:
     return not getattr(block, "flipped_img_txt", False)
 
 
+# callbacks of other nodes that keep re-installing their own attention override on top of
+# any other (every step), so Carnator's measuring, sparse and region attention would be skipped
+_ATTENTION_TAKEOVERS = {"block_sparse_attention": "ComfyUI's Model Sparse Attention node"}
+
+
+def refuse_attention_takeovers(model) -> None:
+    for keyed in (getattr(model, "callbacks", None) or {}).values():
+        for key in keyed:
+            if key in _ATTENTION_TAKEOVERS:
+                raise ValueError(
+                    f"the model comes through {_ATTENTION_TAKEOVERS[key]}, which replaces the "
+                    "attention at every step on top of Carnator's own (its connectivity and region "
+                    "calls would silently be skipped): connect the model without it; Carnator runs "
+                    "its own block-sparse attention on hits")
+
+
 def patched_for_recording(model, recorder: StepRecorder, expert: str | None = None):
     """A clone that records model calls (per ``expert`` too, when it is one of a pair) and
     one block's tokens at the capture steps."""
+    refuse_attention_takeovers(model)
     m = model.clone()
 
     def count_calls(executor, *args, **kwargs):
