@@ -525,16 +525,21 @@ def plot(results: dict, out_dir: str) -> list[str]:
     return paths
 
 
-def _pil_plot(series, xlabel, ylabel, path, size=(640, 480)):
-    """Minimal line plot with Pillow (used when matplotlib is not installed)."""
+def _pil_plot(series, xlabel, ylabel, path, size=(640, 480), from_zero=True, legend="top right"):
+    """Minimal line plot with Pillow (used when matplotlib is not installed); ``from_zero``
+    False fits both axes to the data (with a margin), ``legend`` "bottom left" moves the key."""
     from PIL import Image, ImageDraw
     img = Image.new("RGB", size, "white")
     d = ImageDraw.Draw(img)
     l, t, r, b = 70, 20, size[0] - 20, size[1] - 60
     xs = [p[0] for _, pts in series for p in pts] or [0, 1]
     ys = [p[1] for _, pts in series for p in pts] or [0, 1]
-    x0, x1 = min(xs + [0.0]), max(xs + [1e-6])
-    y0, y1 = min(ys + [0.0]), max(ys + [1e-6])
+    if from_zero:
+        x0, x1 = min(xs + [0.0]), max(xs + [1e-6])
+        y0, y1 = min(ys + [0.0]), max(ys + [1e-6])
+    else:
+        mx, my = 0.05 * (max(xs) - min(xs)), 0.05 * (max(ys) - min(ys))
+        x0, x1, y0, y1 = min(xs) - mx, max(xs) + mx, min(ys) - my, max(ys) + my
     x1, y1 = (x1 if x1 > x0 else x0 + 1), (y1 if y1 > y0 else y0 + 1)
 
     def px(x, y):
@@ -557,7 +562,9 @@ def _pil_plot(series, xlabel, ylabel, path, size=(640, 480)):
             d.line(q, fill=c, width=2)
         for X, Y in q:
             d.ellipse([X - 3, Y - 3, X + 3, Y + 3], fill=c)
-        d.text((r - 170, t + 8 + 14 * i), label, fill=c)
+        at = ((r - 170, t + 8 + 14 * i) if legend == "top right"
+              else (l + 8, b - 14 * (len(series) - i) - 4))
+        d.text(at, label, fill=c)
     img.save(path)
 
 

@@ -221,3 +221,17 @@ def test_committed_model_follows_colour_and_position_words():
         for k in agree:
             agree[k] += int(res[k] >= 1.0)
     assert agree["colour"] >= n - 1 and agree["position"] >= n - 1, agree
+
+
+def test_compose_report_matches_quality_on_easycache_s_own_sweep():
+    """EasyCache alone is read at a system's workload PSNR between the two thresholds that
+    bracket it, never extrapolated past its sweep."""
+    mod = repo_scripts.load("bench/compose_report.py", "bench_compose")
+    systems = {f"easycache_{t:g}": {"psnr_workload": p, "compute_speedup_workload": s, "easycache_threshold": t}
+               for t, p, s in ((0.02, 43.0, 1.4), (0.05, 37.0, 1.8), (0.2, 29.0, 2.4))}
+    curve = mod.easycache_curve(systems)
+    assert [t for _, _, t in curve] == [0.2, 0.05, 0.02]
+    mid = mod.at_psnr(curve, 40.0)
+    assert mid["speedup"] == pytest.approx(1.6) and mid["between_thresholds"] == [0.02, 0.05]
+    assert mod.at_psnr(curve, 37.0)["speedup"] == pytest.approx(1.8)
+    assert mod.at_psnr(curve, 45.0) is None and mod.at_psnr(curve, 28.0) is None
