@@ -5,9 +5,9 @@
 #            (models/tinyworld_broad/);
 #   stage B: from stage A's checkpoint, the phrase-consistency loss (--consistency 20) to
 #            STEPS_B steps (models/tinyworld_inv/).
-# Both directories are ignored by git: a new checkout starts the chain again. To keep it across
-# checkouts, copy the stage's ckpt.safetensors and ckpt.json somewhere kept (the AdamW moments,
-# ckpt_optim.safetensors, may be dropped: a resume without them starts fresh moments).
+# Both directories are ignored by git. `KEEP=1` (at the end of a session) copies the newest
+# checkpoint (weights + EMA and its ckpt.json, not the AdamW moments) to the committed
+# models/tinyworld_language/, and a new checkout resumes from there (fresh AdamW moments).
 # Export and measure:  .venv/bin/python scripts/train_tinyworld.py --dir models/tinyworld_inv --export
 #   .venv/bin/python bench/phrasing.py --model models/tinyworld_inv/carnator_tinyworld_wan21.safetensors
 set -euo pipefail
@@ -22,9 +22,25 @@ B=models/tinyworld_inv
 COMMON=(--language broad --broad-share 0.5 --lr 2e-4 --warmup 100 --p-shift 0.3 --p-high 0
         --objects 0 --seed 3 --edge-weight 6 --obj-weight 3 --batch 32 --bank 6144
         --threads "$THREADS" --ckpt-every 240 --resume)
+KEPT=models/tinyworld_language
 deadline=$(( $(date +%s) + ${MINUTES%.*} * 60 ))
 step_of() { "$PY" -c "import json,sys; print(json.load(open(sys.argv[1]))['step'])" "$1/ckpt.json" 2>/dev/null || echo 0; }
 left() { echo $(( (deadline - $(date +%s)) / 60 )); }
+stage_of() { "$PY" -c "import json,sys; print(json.load(open(sys.argv[1]))['recipe'].get('consistency', 0) > 0 and 'B' or 'A')" "$1/ckpt.json"; }
+
+if [ "${KEEP:-0}" = 1 ]; then
+  src=$A; [ -f "$B/ckpt.json" ] && src=$B
+  [ -f "$src/ckpt.json" ] || { echo "[retrain] nothing to keep"; exit 1; }
+  mkdir -p "$KEPT" && cp "$src/ckpt.safetensors" "$src/ckpt.json" "$KEPT"/
+  echo "[retrain] kept stage $(stage_of "$KEPT") at step $(step_of "$KEPT") in $KEPT"; exit 0
+fi
+# a new checkout: resume from the kept checkpoint, in the stage it was taken from
+if [ ! -f "$A/ckpt.json" ] && [ ! -f "$B/ckpt.json" ] && [ -f "$KEPT/ckpt.json" ]; then
+  dst=$A; [ "$(stage_of "$KEPT")" = B ] && dst=$B
+  mkdir -p "$dst" && cp "$KEPT/ckpt.safetensors" "$KEPT/ckpt.json" "$dst"/
+  echo "[retrain] resuming from the kept checkpoint (stage $(stage_of "$KEPT"), step $(step_of "$KEPT"))"
+  COMMON+=(--rewarm 100)  # fresh AdamW moments: warm the lr up again
+fi
 
 if [ ! -f "$B/ckpt.json" ]; then
   if [ "$(step_of "$A")" -lt "$STEPS_A" ]; then
