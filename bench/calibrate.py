@@ -159,16 +159,21 @@ def main(argv=None) -> dict:
     ap.add_argument("--probe-fraction", type=float, default=0.1,
                     help="share of the steps the probe runs (ReuseSettings.probe_fraction): a "
                          "calibration holds for the probe it was measured with")
+    ap.add_argument("--easycache", type=float, default=None, metavar="THRESHOLD",
+                    help="calibrate the model with ComfyUI's EasyCache applied at this threshold "
+                         "(another fingerprint: what Carnator on an EasyCache'd model looks for)")
     ap.add_argument("--form", choices=("linear", "interaction"), default="interaction",
                     help="risk model form (carnator_core.gate.RiskModel.fit)")
     a = ap.parse_args(argv)
 
     if "bench_tw" not in sys.modules:
         _load_bench()
-    from bench_tw import DEFAULT_MODEL, World, load_workload
+    from bench_tw import DEFAULT_MODEL, World, eased, load_workload
     from carnator_core.gate import DEFAULT_PROBE_FRACTION, GateSettings, RiskModel, same_probe
     from carnator_core.pipeline import ReuseSettings
     world = World(a.model or DEFAULT_MODEL, steps=a.steps, cfg=a.cfg, threads=a.threads)
+    if a.easycache is not None:  # every computation, the full ones included, with EasyCache
+        world = eased(world, a.easycache)
     fp = world.fingerprint
     settings = ReuseSettings(probe_fraction=a.probe_fraction, gate=GateSettings())
     if a.fill_calls is not None:
@@ -219,7 +224,7 @@ def main(argv=None) -> dict:
     rows, labels = CAL.rows_of(instances)
     report = {
         "model_fingerprint": fp, "psnr_bound": a.psnr_bound, "steps": a.steps, "cfg": a.cfg,
-        "probe_fraction": a.probe_fraction,
+        "probe_fraction": a.probe_fraction, "easycache": a.easycache,
         **fitted,
         "risk_model": {"weights": model.weights, "depth_weights": model.depth_weights, "bias": model.bias,
                        "region_threshold": model.region_threshold, "thresholds": model.thresholds,

@@ -260,6 +260,8 @@ def metrics(recs: list[dict], psnr_bound: float) -> dict:
 
     mo = ratio(miss, "t", "t_full")
     n_fa = sum(fa(r) for r in acc)
+    own = [r for r in acc if "psnr_own" in r]  # judged against the model's own full computation
+    n_fa_own = sum(r["psnr_own"] < psnr_bound or (r["ok_own_ref"] and not r["ok"]) for r in own)
     same = [r for r in gate if r.get("same_scene")]
     other = [r for r in gate if r.get("same_scene") is False]
     return {
@@ -279,6 +281,11 @@ def metrics(recs: list[dict], psnr_bound: float) -> dict:
         "false_accept_rate": (sum(fa(r) for r in acc) / len(acc)) if acc else 0.0,
         "gate_false_accept_rate": (sum(fa(r) for r in gate) / len(gate)) if gate else 0.0,
         "false_accepts": sum(fa(r) for r in acc),
+        # on a model with EasyCache: against that model's own full computation (the reference
+        # its calibration certifies), beside the plain model's above
+        "false_accept_rate_own_model": (n_fa_own / len(own)) if own else None,
+        "false_accept_ci95_own_model": [clopper_pearson_lower(n_fa_own, len(own), 0.025),
+                                        clopper_pearson_upper(n_fa_own, len(own), 0.025)] if own else None,
         "hit_speedup": ratio(acc, "t_full", "t"),
         "gate_hit_speedup": ratio(gate, "t_full", "t"),
         "steps_speedup_hits": ratio(gate, "steps_total", "steps_computed"),
@@ -397,11 +404,17 @@ def eased(world: World, threshold: float) -> World:
     return world.with_model(EasyCacheNode.execute(world.model, threshold, 0.15, 0.95, False).result[0])
 
 
-def run_easycache(world: World, lines, refs, threshold: float, psnr_bound: float) -> dict:
-    """Every request computed with EasyCache alone (no cross-request reuse)."""
+def run_easycache(world: World, lines, refs, threshold: float, psnr_bound: float,
+                  keep: dict | None = None) -> dict:
+    """Every request computed with EasyCache alone (no cross-request reuse); its results into
+    ``keep[threshold]``, the full computations of the model with EasyCache (what Carnator on
+    that model is certified against)."""
     ew = eased(world, threshold)
     recs, unit = [], rows_per_step(refs, world.steps)
-    for ref, r in zip(refs, run_reference(ew, lines, (), 1)):
+    own = run_reference(ew, lines, (), 1)
+    if keep is not None:
+        keep[threshold] = [{"video": r["video"], "ok": r["ok"]} for r in own]
+    for ref, r in zip(refs, own):
         recs.append({"outcome": "miss", "t": r["seconds"], "t_full": ref["seconds"],
                      "steps_measured": world.meter.steps(r["rows"], unit),
                      "psnr": psnr(r["video"], ref["video"]), "ssim": ssim(r["video"], ref["video"]),
@@ -413,7 +426,10 @@ def run_easycache(world: World, lines, refs, threshold: float, psnr_bound: float
 def run_carnator(world: World, lines, refs, budget, risk_model_path, psnr_bound, sparse: bool,
                  workdir: str, fill_calls: int = 0, min_saving: float = 0.0,
                  recurring: bool | None = None,
-                 probe_fraction: float | None = None) -> tuple[dict, list[dict]]:
+                 probe_fraction: float | None = None,
+                 own_refs: list[dict] | None = None) -> tuple[dict, list[dict]]:
+    """``own_refs``: the full computations of ``world``'s own model when it is not the
+    reference model (EasyCache applied): each hit is judged against them too."""
     from carnator_core.comfy_adapter import run_request
     from carnator_core.gate import DEFAULT_PROBE_FRACTION, GateSettings, calibration_file
     from carnator_core.pipeline import ReuseSettings
@@ -454,6 +470,9 @@ def run_carnator(world: World, lines, refs, budget, risk_model_path, psnr_bound,
                      "entry_id": s.entry_id, "stored_id": s.stored_id,
                      "same_scene": (same_scene(ln["scene"], scene_of[s.entry_id])
                                     if s.outcome == "hit" and s.entry_id in scene_of else None)})
+        if own_refs is not None:
+            recs[-1]["psnr_own"] = psnr(v, own_refs[i]["video"])
+            recs[-1]["ok_own_ref"] = own_refs[i]["ok"]
         if s.stored_id:
             scene_of[s.stored_id] = ln["scene"]
     m = metrics(recs, psnr_bound)
@@ -594,6 +613,16 @@ def default_risk_model(fingerprint: str, probe_fraction: float | None = None) ->
     return str(p) if p.is_file() else None
 
 
+def easycache_risk_model(folder: str | None, fingerprint: str, probe_fraction: float | None) -> str | None:
+    """The calibration of the EasyCache'd model in ``folder``, if there is one."""
+    if not folder:
+        return None
+    from carnator_core.gate import DEFAULT_PROBE_FRACTION, calibration_file
+    path = calibration_file(folder, fingerprint,
+                            DEFAULT_PROBE_FRACTION if probe_fraction is None else probe_fraction)
+    return str(path) if path.is_file() else None
+
+
 def merge(paths: list[str], out: str, plots: bool = True) -> dict:
     """One results file from several runs of this script on different workloads."""
     results: dict = {}
@@ -656,6 +685,11 @@ def main(argv=None) -> dict:
                     help="also run ComfyUI's EasyCache alone at these thresholds")
     ap.add_argument("--easycache-carnator", type=float, nargs="*", default=[],
                     help="also run Carnator (main budget) on the model with EasyCache at these thresholds")
+    ap.add_argument("--easycache-risk-model", default=None, metavar="DIR",
+                    help="a folder holding calibrations of the model with EasyCache applied "
+                         "(bench/calibrate.py --easycache T; found by that model's fingerprint and "
+                         "the probe): the Carnator + EasyCache runs use them; without one (or none "
+                         "for a threshold) they apply the plain model's calibration")
     ap.add_argument("--records", action="store_true",
                     help="also write every Carnator request's record (per budget) to the JSON")
     ap.add_argument("--merge", nargs="+", metavar="JSON",
@@ -691,6 +725,7 @@ def main(argv=None) -> dict:
                             "recurring_sources": a.recurring_sources,
                             "easycache": a.easycache,
                             "easycache_carnator": a.easycache_carnator,
+                            "easycache_risk_model": a.easycache_risk_model,
                             "risk_model": rm.source, "risk_model_calibrated": rm.calibrated,
                             "threads": a.threads}}
     workdir = tempfile.mkdtemp(prefix="carnator_bench_")
@@ -713,18 +748,22 @@ def main(argv=None) -> dict:
                 print(f"[{name}] carnator α={b:g} …", flush=True)
                 carn[b] = run_carnator(world, lines, refs, b, rm_path, a.psnr_bound, False, workdir,
                                        fill_calls, a.min_saving, a.recurring_sources, a.probe_fraction)
-            composed = {}
-            for tau in a.easycache:
+            composed, ec_own = {}, {}
+            for tau in sorted(set(a.easycache) | set(a.easycache_carnator)):
                 print(f"[{name}] EasyCache {tau:g} …", flush=True)
-                composed[f"easycache_{tau:g}"] = {**run_easycache(world, lines, refs, tau, a.psnr_bound),
+                composed[f"easycache_{tau:g}"] = {**run_easycache(world, lines, refs, tau, a.psnr_bound,
+                                                                  keep=ec_own),
                                                   "easycache_threshold": tau}
             for tau in a.easycache_carnator:
                 print(f"[{name}] carnator α={a.main_budget:g} + EasyCache {tau:g} …", flush=True)
-                m = run_carnator(eased(world, tau), lines, refs, a.main_budget, rm_path, a.psnr_bound,
+                ec_rm = easycache_risk_model(a.easycache_risk_model, eased(world, tau).fingerprint,
+                                             a.probe_fraction) or rm_path
+                m = run_carnator(eased(world, tau), lines, refs, a.main_budget, ec_rm, a.psnr_bound,
                                  False, workdir, fill_calls, a.min_saving, a.recurring_sources,
-                                 a.probe_fraction)[0]
+                                 a.probe_fraction, own_refs=ec_own[tau])[0]
                 composed[f"carnator_easycache_{tau:g}"] = {**m, "easycache_threshold": tau,
-                                                           "risk_budget": a.main_budget}
+                                                           "risk_budget": a.main_budget,
+                                                           "risk_model": ec_rm and os.path.relpath(ec_rm, REPO)}
             main_c = carn[a.main_budget][0]
             if a.records:
                 results.setdefault("records", {})[name] = {f"{b:g}": recs for b, (_, recs) in carn.items()}
