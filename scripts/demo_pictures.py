@@ -154,6 +154,19 @@ def render(results: list[dict], out: Path) -> list[Path]:
     return written
 
 
+def pixels_apart(a: Path, b: Path, most: float = 0.001) -> float | None:
+    """The share of two pictures' 8-bit values that differ, when none differs by more than one
+    level and at most ``most`` of them differ; else None."""
+    import numpy as np
+    from PIL import Image
+    x, y = (np.asarray(Image.open(p)).astype(int) for p in (a, b))
+    if x.shape != y.shape:
+        return None
+    d = np.abs(x - y)
+    share = float((d > 0).mean())
+    return share if d.max() <= 1 and share <= most else None
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=str(OUT))
@@ -165,10 +178,22 @@ def main() -> int:
         out = Path(tmp) / "out" if args.check else Path(args.out)
         written = render(results, out)
         if args.check:
-            differ = [p.name for p in written if (OUT / p.name).read_bytes() != p.read_bytes()] \
-                if OUT.is_dir() else ["(no docs/demo/)"]
-            print("identical to docs/demo/" if not differ else f"differ from docs/demo/: {differ}")
-            return 1 if differ else 0
+            if not OUT.is_dir():
+                print("differ from docs/demo/: ['(no docs/demo/)']")
+                return 1
+            differ = [p.name for p in written if (OUT / p.name).read_bytes() != p.read_bytes()]
+            if not differ:
+                print("identical to docs/demo/")
+                return 0
+            apart = {name: pixels_apart(OUT / name, Path(tmp) / "out" / name) for name in differ}
+            if all(a is not None for a in apart.values()):
+                # another CPU's vector kernels may round a value the other way: one 8-bit level
+                # on a few pixels, never more
+                print("identical to docs/demo/ but for rounding: "
+                      + ", ".join(f"{n} {a:.3%} of its values one level apart" for n, a in apart.items()))
+                return 0
+            print(f"differ from docs/demo/: {differ}")
+            return 1
     for p in written:
         print("wrote", p.relative_to(ROOT) if p.is_relative_to(ROOT) else p)
     return 0
