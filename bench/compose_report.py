@@ -57,7 +57,7 @@ def rows_for(label: str, probe, systems: dict, curve) -> list[dict]:
             "psnr_workload": s["psnr_workload"], "psnr_mean": s["psnr_all_mean"],
             "false_accept_rate": s["false_accept_rate"],
             "checker": s["checker_accuracy"], "checker_full": s["checker_accuracy_full"],
-            "wall_speedup": s["workload_speedup"],
+            "wall_speedup": s["workload_speedup"], "risk_model": s.get("risk_model"),
             "easycache_alone_at_this_psnr": ec["speedup"] if ec else None,
             "easycache_bracket": ec["between_thresholds"] if ec else None,
             "over_easycache_alone": s["compute_speedup_workload"] / ec["speedup"] if ec else None})
@@ -112,17 +112,18 @@ def plots(curves, rows, out_dir) -> list[str]:
     bench = _load_bench()
     paths = []
     for wl, curve in curves.items():
-        series = [("EasyCache alone", [(p, s) for p, s, _ in curve])]
+        series, alone_done = [("EasyCache alone", [(p, s) for p, s, _ in curve])], set()
         for run in dict.fromkeys(r["run"] for r in rows if r["workload"] == wl):
             mine = [r for r in rows if r["workload"] == wl and r["run"] == run]
-            if not mine:
-                continue
-            probe = f"probe {mine[0]['probe_fraction']:g}" if mine else ""
-            series.append((f"Carnator + EasyCache ({probe})",
-                           sorted((r["psnr_workload"], r["compute_speedup"]) for r in mine
-                                  if r["system"] != "carnator")))
-            series.append((f"Carnator alone ({probe})",
-                           [(r["psnr_workload"], r["compute_speedup"]) for r in mine if r["system"] == "carnator"]))
+            probe = f"probe {mine[0]['probe_fraction']:g}"
+            both = [r for r in mine if r["system"] != "carnator"]
+            own = any("easycache_calibration" in (r["risk_model"] or "") for r in both)
+            series.append((f"Carnator + EasyCache ({probe}{', own calibration' if own else ''})",
+                           sorted((r["psnr_workload"], r["compute_speedup"]) for r in both)))
+            if probe not in alone_done:  # Carnator alone computes the same in every run
+                alone_done.add(probe)
+                series.append((f"Carnator alone ({probe})", [(r["psnr_workload"], r["compute_speedup"])
+                                                             for r in mine if r["system"] == "carnator"]))
         path = os.path.join(out_dir, f"easycache_compute_{wl}.png")
         bench._pil_plot(series, "workload PSNR (dB)", "speedup in model work (x)", path,
                         from_zero=False, legend="bottom left")

@@ -573,7 +573,7 @@ def _pil_plot(series, xlabel, ylabel, path, size=(640, 480), from_zero=True, leg
         d.text((5, Y - 6), f"{fy:.2f}", fill="black")
     d.text(((l + r) // 2 - 40, b + 22), xlabel, fill="black")
     d.text((5, 2), ylabel, fill="black")
-    colours = ["#d62728", "#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b"]
+    colours = ["#d62728", "#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#17becf"]
     for i, (label, pts) in enumerate(series):
         c = colours[i % len(colours)]
         q = [px(*p) for p in pts]
