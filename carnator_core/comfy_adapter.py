@@ -71,10 +71,6 @@ def model_fingerprint(model) -> str:
     injected = _injections(model)
     if injected:  # only then: every fingerprint (and calibration file name) before them stays
         patches.append(["injections", injected])
-    callbacks = sorted(f"{kind}:{key}" for kind, keyed in (getattr(model, "callbacks", None) or {}).items()
-                       for key in keyed)
-    if callbacks:  # other packs' callbacks (by name, like wrappers) may change the computation
-        patches.append(["callbacks", callbacks])
     for key in sorted(getattr(model, "patches", {})):
         for p in model.patches[key]:
             strength_patch, value, strength_model = p[0], p[1], p[2]
@@ -119,7 +115,7 @@ def _injected_adapters(injection) -> dict | None:
 
 
 def _behaviour_patches(model) -> list:
-    """Names of wrappers and object patches other packs put on the model (EasyCache, ...).
+    """Names of wrappers, object patches and callbacks other packs put on the model (EasyCache, ...).
 
     They change what the model computes without touching weights, so trajectories made with
     and without them are not interchangeable. Only names are hashed: their settings live in
@@ -132,6 +128,8 @@ def _behaviour_patches(model) -> list:
                   if key != WRAPPER_KEY]
     names = sorted(set(names))
     names += sorted(f"object:{k}" for k in getattr(model, "object_patches", {}))
+    names += sorted(f"callback:{kind}:{key}" for kind, keyed in (getattr(model, "callbacks", None) or {}).items()
+                    for key in keyed)
     names += sorted(k for k in ("model_function_wrapper", "sampler_cfg_function")
                     if k in model.model_options)
     return names
