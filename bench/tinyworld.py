@@ -689,8 +689,8 @@ def main(argv=None) -> dict:
                     help="a folder holding calibrations of the model with EasyCache applied "
                          "(bench/calibrate.py --easycache T; found by that model's fingerprint and "
                          "the probe): the Carnator + EasyCache runs use them; without one they apply "
-                         "the plain model's calibration. The fingerprint names EasyCache but not its "
-                         "threshold, so run only the threshold that was calibrated")
+                         "the plain model's calibration (the fingerprint names EasyCache's threshold: "
+                         "a threshold without its own calibration gets the plain one)")
     ap.add_argument("--records", action="store_true",
                     help="also write every Carnator request's record (per budget) to the JSON")
     ap.add_argument("--merge", nargs="+", metavar="JSON",

@@ -71,6 +71,9 @@ def model_fingerprint(model) -> str:
     injected = _injections(model)
     if injected:  # only then: every fingerprint (and calibration file name) before them stays
         patches.append(["injections", injected])
+    settings = _option_settings(model)
+    if settings:  # likewise: only models that carry another pack's settings change
+        patches.append(["settings", settings])
     for key in sorted(getattr(model, "patches", {})):
         for p in model.patches[key]:
             strength_patch, value, strength_model = p[0], p[1], p[2]
@@ -118,8 +121,8 @@ def _behaviour_patches(model) -> list:
     """Names of wrappers, object patches and callbacks other packs put on the model (EasyCache, ...).
 
     They change what the model computes without touching weights, so trajectories made with
-    and without them are not interchangeable. Only names are hashed: their settings live in
-    objects we cannot canonicalise, and a name change is what matters in practice.
+    and without them are not interchangeable. Functions are hashed by name only; the settings
+    packs keep beside them are read by ``_option_settings``.
     """
     names = []
     for wrappers in (getattr(model, "wrappers", {}),
@@ -133,6 +136,36 @@ def _behaviour_patches(model) -> list:
     names += sorted(k for k in ("model_function_wrapper", "sampler_cfg_function")
                     if k in model.model_options)
     return names
+
+
+# transformer_options entries that are hashed elsewhere (patches, wrappers, callbacks) or
+# are functions, whose identity we cannot read (attention overrides: ours and what it chains)
+_STRUCTURAL_OPTIONS = frozenset({"patches", "patches_replace", "wrappers", "callbacks"})
+# settings that change a log, not what the model computes
+_COSMETIC_SETTINGS = frozenset({"verbose", "name"})
+
+
+def _option_settings(model) -> list:
+    """The settings other packs keep in ``transformer_options`` beside their wrappers:
+    EasyCache's holder (``transformer_options["easycache"]``) carries its reuse threshold and
+    step range, and EasyCache at 0.02 and at 0.2 are different models to reuse between.
+    Wrapper *names* alone told them apart from no cache, not from each other. Read are an
+    entry's scalar value, or a settings object's public scalar attributes (EasyCache samples
+    with a clone of its holder, so the one on the model keeps its settings, not run state)."""
+    opts = model.model_options.get("transformer_options", {})
+    parts = []
+    for key in sorted(k for k in opts if isinstance(k, str) and k not in _STRUCTURAL_OPTIONS):
+        value = opts[key]
+        if callable(value):
+            continue
+        if isinstance(value, (int, float, str, bool)):
+            parts.append([key, value])
+            continue
+        attrs = sorted((name, v) for name, v in vars(value).items()
+                       if not name.startswith("_") and name not in _COSMETIC_SETTINGS
+                       and isinstance(v, (int, float, str, bool))) if hasattr(value, "__dict__") else []
+        parts.append([key, type(value).__name__, [list(a) for a in attrs]])
+    return parts
 
 
 def backbone_name(model) -> str:

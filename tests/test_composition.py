@@ -61,6 +61,28 @@ def test_pipeline_runs_with_comfyui_easycache_on_the_model(tiny_models, requests
     assert any("EasyCache - skipped" in r.getMessage() for r in caplog.records)
 
 
+def test_easycache_thresholds_are_different_models_to_reuse_between(tiny_models, requests_in):
+    """A calibration, and entries, made at one EasyCache threshold must not serve another:
+    the fingerprint reads EasyCache's settings, not only its wrapper names."""
+    from comfy_extras.nodes_easycache import EasyCacheNode
+    from carnator_core.comfy_adapter import model_fingerprint
+    wan = tiny_models["wan21"]
+    ease = lambda threshold, verbose=False: EasyCacheNode.execute(wan, threshold, 0.15, 0.95, verbose).result[0]  # noqa: E731
+    at_002, at_005 = ease(0.02), ease(0.05)
+    assert model_fingerprint(at_002) != model_fingerprint(at_005)
+    assert model_fingerprint(ease(0.02)) == model_fingerprint(at_002)  # the same node, run again
+    assert model_fingerprint(ease(0.02, verbose=True)) == model_fingerprint(at_002)  # a log switch
+    before = model_fingerprint(at_002)
+
+    _, s1 = requests_in(at_002, "wan21", PROMPT)  # sampling leaves the holder's settings as they were
+    assert model_fingerprint(at_002) == before
+    _, s2 = requests_in(at_005, "wan21", PROMPT)  # same prompt and seed, another threshold
+    _, s3 = requests_in(at_002, "wan21", PROMPT)  # the first threshold again: its own entry, exactly
+    assert s1.outcome == "miss" and s2.outcome == "miss", s2.text()
+    assert "none for this model" in s2.lookup_message
+    assert s3.outcome == "exact", s3.text()
+
+
 def test_an_fp8_checkpoint_gets_a_fingerprint_and_runs(tiny_models, requests_in):
     """UNETLoader's weight_dtype fp8_e4m3fn (how fp8 Wan checkpoints are usually run): the
     fingerprint hashes float8 weights (numpy has no float8) and a request runs and hits."""
