@@ -12,7 +12,8 @@ the sweep does not reach that PSNR: nothing is extrapolated). Speed is the model
 (``compute_speedup_workload``: steps of full computation over the steps the compute meter
 counted — EasyCache's skipped calls and Carnator's region calls included), which machine load
 cannot move; wall-time ratios of the same runs are copied beside it. EasyCache alone is taken
-from the first file that has its sweep for the workload (it computes the same in every run).
+from the first file that has its sweep for the workload at the same step count (it computes
+the same in every run of that N).
 Writes bench/results/easycache_compute.json and one plot per workload.
 """
 from __future__ import annotations
@@ -32,6 +33,13 @@ def easycache_curve(systems: dict) -> list[tuple[float, float, float]]:
            for name, s in systems.items() if name.startswith("easycache_")
            and s.get("compute_speedup_workload") is not None]
     return sorted(pts)
+
+
+def curve_key(workload: str, settings: dict) -> str:
+    """EasyCache alone is read only against runs of the same workload *and* step count
+    (its skips, like Carnator's depths, depend on N); 20 steps keep the bare name."""
+    steps = settings.get("steps", 20)
+    return workload if steps == 20 else f"{workload}_n{steps}"
 
 
 def at_psnr(curve: list[tuple[float, float, float]], psnr: float) -> dict | None:
@@ -77,18 +85,22 @@ def main(argv=None) -> dict:
             data = json.load(f)
         runs.append((path, data))
         for wl, systems in data["workloads"].items():
-            if wl not in curves and easycache_curve(systems):
-                curves[wl] = easycache_curve(systems)
-                alone[wl] = [{"threshold": t, "compute_speedup": s, "psnr_workload": p,
-                              "wall_speedup": systems[f"easycache_{t:g}"]["workload_speedup"],
-                              "checker": systems[f"easycache_{t:g}"]["checker_accuracy"],
-                              "from": os.path.relpath(path, REPO)} for p, s, t in curves[wl]]
+            key = curve_key(wl, data["settings"])
+            if key not in curves and easycache_curve(systems):
+                curves[key] = easycache_curve(systems)
+                alone[key] = [{"threshold": t, "compute_speedup": s, "psnr_workload": p,
+                               "wall_speedup": systems[f"easycache_{t:g}"]["workload_speedup"],
+                               "checker": systems[f"easycache_{t:g}"]["checker_accuracy"],
+                               "from": os.path.relpath(path, REPO)} for p, s, t in curves[key]]
     for path, data in runs:
-        probe = data["settings"].get("probe_fraction")
-        label = f"{os.path.relpath(path, REPO)} (probe_fraction {probe})"
+        settings = data["settings"]
+        probe, min_saving = settings.get("probe_fraction"), settings.get("min_saving", 0.0)
+        label = f"{os.path.relpath(path, REPO)} (probe_fraction {probe}, min_saving {min_saving:g})"
         for wl, systems in data["workloads"].items():
-            if wl in curves:
-                rows += [{"workload": wl, **r} for r in rows_for(label, probe, systems, curves[wl])]
+            key = curve_key(wl, settings)
+            if key in curves:
+                rows += [{"workload": key, "steps": settings.get("steps", 20), "min_saving": min_saving,
+                          **r} for r in rows_for(label, probe, systems, curves[key])]
     out = {"note": "speed = the model's own work (compute meter); EasyCache alone interpolated "
                    "in workload PSNR between the two thresholds that bracket it, never extrapolated",
            "easycache_alone": alone, "rows": rows,
@@ -116,11 +128,14 @@ def plots(curves, rows, out_dir) -> list[str]:
         for run in dict.fromkeys(r["run"] for r in rows if r["workload"] == wl):
             mine = [r for r in rows if r["workload"] == wl and r["run"] == run]
             probe = f"probe {mine[0]['probe_fraction']:g}"
+            if mine[0]["min_saving"]:
+                probe += f", min_saving {mine[0]['min_saving']:g}"
             both = [r for r in mine if r["system"] != "carnator"]
             own = any("easycache_calibration" in (r["risk_model"] or "") for r in both)
-            series.append((f"Carnator + EasyCache ({probe}{', own calibration' if own else ''})",
-                           sorted((r["psnr_workload"], r["compute_speedup"]) for r in both)))
-            if probe not in alone_done:  # Carnator alone computes the same in every run
+            if both:
+                series.append((f"Carnator + EasyCache ({probe}{', own calibration' if own else ''})",
+                               sorted((r["psnr_workload"], r["compute_speedup"]) for r in both)))
+            if probe not in alone_done:  # Carnator alone computes the same in every run of its settings
                 alone_done.add(probe)
                 series.append((f"Carnator alone ({probe})", [(r["psnr_workload"], r["compute_speedup"])
                                                              for r in mine if r["system"] == "carnator"]))
