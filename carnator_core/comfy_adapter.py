@@ -148,24 +148,35 @@ _COSMETIC_SETTINGS = frozenset({"verbose", "name"})
 def _option_settings(model) -> list:
     """The settings other packs keep in ``transformer_options`` beside their wrappers:
     EasyCache's holder (``transformer_options["easycache"]``) carries its reuse threshold and
-    step range, and EasyCache at 0.02 and at 0.2 are different models to reuse between.
-    Wrapper *names* alone told them apart from no cache, not from each other. Read are an
-    entry's scalar value, or a settings object's public scalar attributes (EasyCache samples
-    with a clone of its holder, so the one on the model keeps its settings, not run state)."""
+    step range, ComfyUI's ScaleROPE node its ``rope_options``; EasyCache at 0.02 and at 0.2 are
+    different models to reuse between. Wrapper *names* alone told them apart from no cache,
+    not from each other. Functions are left out (their identity cannot be read)."""
     opts = model.model_options.get("transformer_options", {})
-    parts = []
-    for key in sorted(k for k in opts if isinstance(k, str) and k not in _STRUCTURAL_OPTIONS):
-        value = opts[key]
-        if callable(value):
-            continue
-        if isinstance(value, (int, float, str, bool)):
-            parts.append([key, value])
-            continue
-        attrs = sorted((name, v) for name, v in vars(value).items()
-                       if not name.startswith("_") and name not in _COSMETIC_SETTINGS
-                       and isinstance(v, (int, float, str, bool))) if hasattr(value, "__dict__") else []
-        parts.append([key, type(value).__name__, [list(a) for a in attrs]])
-    return parts
+    return [[key, _setting_value(opts[key])]
+            for key in sorted(k for k in opts if isinstance(k, str) and k not in _STRUCTURAL_OPTIONS)
+            if not callable(opts[key])]
+
+
+def _setting_value(value, depth: int = 0):
+    """A canonical form of a setting: scalars as they are, dicts and lists of them element by
+    element, a tensor by its digest, and a settings object by its type and public scalar
+    attributes (EasyCache samples with a clone of its holder, so the one on the model keeps
+    its settings, not run state; a log switch such as ``verbose`` is left out)."""
+    if value is None or isinstance(value, (int, float, str, bool)):
+        return value
+    if isinstance(value, torch.Tensor):
+        return ["tensor", list(value.shape), tensor_digest(value, max_values=64)]
+    if depth >= 3:
+        return type(value).__name__
+    if isinstance(value, dict):
+        return [[str(k), _setting_value(v, depth + 1)] for k, v in sorted(value.items(), key=lambda kv: str(kv[0]))
+                if not callable(v)]
+    if isinstance(value, (list, tuple)):
+        return [_setting_value(v, depth + 1) for v in value]
+    attrs = sorted((name, v) for name, v in getattr(value, "__dict__", {}).items()
+                   if not name.startswith("_") and name not in _COSMETIC_SETTINGS
+                   and (v is None or isinstance(v, (int, float, str, bool))))
+    return [type(value).__name__, [list(a) for a in attrs]]
 
 
 def backbone_name(model) -> str:

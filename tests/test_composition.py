@@ -83,6 +83,18 @@ def test_easycache_thresholds_are_different_models_to_reuse_between(tiny_models,
     assert s3.outcome == "exact", s3.text()
 
 
+def test_rope_scaling_is_part_of_the_fingerprint(tiny_models):
+    """ComfyUI's ScaleROPE node keeps its scales in transformer_options (a dict, no wrapper):
+    each scaling is its own model, and the default scaling one model with itself."""
+    from comfy_extras.nodes_rope import ScaleROPE
+    from carnator_core.comfy_adapter import model_fingerprint
+    wan = tiny_models["wan21"]
+    rope = lambda scale_t: ScaleROPE.execute(wan, 1.0, 0.0, 1.0, 0.0, scale_t, 0.0).result[0]  # noqa: E731
+    assert model_fingerprint(rope(2.0)) != model_fingerprint(rope(1.5))
+    assert model_fingerprint(rope(2.0)) == model_fingerprint(rope(2.0))
+    assert model_fingerprint(rope(2.0)) != model_fingerprint(wan)
+
+
 def test_an_fp8_checkpoint_gets_a_fingerprint_and_runs(tiny_models, requests_in):
     """UNETLoader's weight_dtype fp8_e4m3fn (how fp8 Wan checkpoints are usually run): the
     fingerprint hashes float8 weights (numpy has no float8) and a request runs and hits."""
