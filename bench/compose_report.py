@@ -11,9 +11,9 @@ threshold sweep by linear interpolation between the two thresholds that bracket 
 the sweep does not reach that PSNR: nothing is extrapolated). Speed is the model's own work
 (``compute_speedup_workload``: steps of full computation over the steps the compute meter
 counted — EasyCache's skipped calls and Carnator's region calls included), which machine load
-cannot move; wall-time ratios of the same runs are copied beside it. EasyCache alone is taken
-from the first file that has its sweep for the workload at the same step count (it computes
-the same in every run of that N).
+cannot move; wall-time ratios of the same runs are copied beside it. EasyCache alone is read
+from every file's sweep for the workload at the same step count (it computes the same in every
+run of that N), a threshold taken from the first file that has it.
 Writes bench/results/easycache_compute.json and one plot per workload.
 """
 from __future__ import annotations
@@ -86,12 +86,17 @@ def main(argv=None) -> dict:
         runs.append((path, data))
         for wl, systems in data["workloads"].items():
             key = curve_key(wl, data["settings"])
-            if key not in curves and easycache_curve(systems):
-                curves[key] = easycache_curve(systems)
-                alone[key] = [{"threshold": t, "compute_speedup": s, "psnr_workload": p,
-                               "wall_speedup": systems[f"easycache_{t:g}"]["workload_speedup"],
-                               "checker": systems[f"easycache_{t:g}"]["checker_accuracy"],
-                               "from": os.path.relpath(path, REPO)} for p, s, t in curves[key]]
+            known = {t for _, _, t in curves.get(key, [])}
+            new = [pt for pt in easycache_curve(systems) if pt[2] not in known]
+            if not new:
+                continue
+            curves[key] = sorted(curves.get(key, []) + new)
+            alone.setdefault(key, []).extend(
+                {"threshold": t, "compute_speedup": s, "psnr_workload": p,
+                 "wall_speedup": systems[f"easycache_{t:g}"]["workload_speedup"],
+                 "checker": systems[f"easycache_{t:g}"]["checker_accuracy"],
+                 "from": os.path.relpath(path, REPO)} for p, s, t in new)
+            alone[key].sort(key=lambda r: r["psnr_workload"])
     for path, data in runs:
         settings = data["settings"]
         probe, min_saving = settings.get("probe_fraction"), settings.get("min_saving", 0.0)

@@ -239,7 +239,8 @@ def test_compose_report_matches_quality_on_easycache_s_own_sweep():
 
 def test_compose_report_reads_easycache_only_at_the_run_s_step_count(tmp_path):
     """A 30-step run is never put beside EasyCache's 20-step sweep: both skip differently at
-    another N, so without a 30-step sweep its rows say nothing about EasyCache."""
+    another N, so without a 30-step sweep its rows say nothing about EasyCache. Sweeps of the
+    same N in several files make one curve."""
     mod = repo_scripts.load("bench/compose_report.py", "bench_compose")
     carnator = {"psnr_workload": 40.0, "compute_speedup_workload": 1.9, "psnr_all_mean": 45.0,
                 "false_accept_rate": 0.02, "checker_accuracy": 0.96, "checker_accuracy_full": 0.97,
@@ -247,14 +248,18 @@ def test_compose_report_reads_easycache_only_at_the_run_s_step_count(tmp_path):
     sweep = {f"easycache_{t:g}": {"psnr_workload": p, "compute_speedup_workload": s, "easycache_threshold": t,
                                   "workload_speedup": s, "checker_accuracy": 0.95}
              for t, p, s in ((0.02, 43.0, 1.4), (0.05, 37.0, 1.8))}
+    denser = {"easycache_0.04": {**sweep["easycache_0.05"], "psnr_workload": 40.0, "compute_speedup_workload": 1.5,
+                                 "easycache_threshold": 0.04}}
     files = []
-    for steps, systems in ((20, {"carnator": carnator, **sweep}), (30, {"carnator": carnator})):
-        path = tmp_path / f"n{steps}.json"
+    for i, (steps, systems) in enumerate(((20, {"carnator": carnator, **sweep}), (30, {"carnator": carnator}),
+                                          (20, {"carnator": carnator, **denser}))):
+        path = tmp_path / f"run{i}_n{steps}.json"
         path.write_text(json.dumps({"workloads": {"serve": systems},
                                     "settings": {"steps": steps, "probe_fraction": 0.05}}))
         files.append(str(path))
     out = mod.main(files + ["--no-plots", "--out", str(tmp_path / "report.json")])
-    by_steps = {r["steps"]: r for r in out["rows"]}
-    assert set(by_steps) == {20}  # the 30-step run has no sweep of its own: no row
-    assert by_steps[20]["easycache_alone_at_this_psnr"] == pytest.approx(1.6)
+    assert {r["steps"] for r in out["rows"]} == {20}  # the 30-step run has no sweep of its own: no row
     assert list(out["easycache_alone"]) == ["serve"]
+    # the 20-step sweeps of both files make one curve: 0.04 brackets 40 dB exactly
+    assert [r["threshold"] for r in out["easycache_alone"]["serve"]] == [0.05, 0.04, 0.02]
+    assert all(r["easycache_alone_at_this_psnr"] == pytest.approx(1.5) for r in out["rows"])
