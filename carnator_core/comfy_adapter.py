@@ -158,25 +158,21 @@ def _option_settings(model) -> list:
 
 
 def _setting_value(value, depth: int = 0):
-    """A canonical form of a setting: scalars as they are, dicts and lists of them element by
-    element, a tensor by its digest, and a settings object by its type and public scalar
-    attributes (EasyCache samples with a clone of its holder, so the one on the model keeps
-    its settings, not run state; a log switch such as ``verbose`` is left out)."""
-    if value is None or isinstance(value, (int, float, str, bool)):
-        return value
-    if isinstance(value, torch.Tensor):
-        return ["tensor", list(value.shape), tensor_digest(value, max_values=64)]
-    if depth >= 3:
-        return type(value).__name__
-    if isinstance(value, dict):
+    """A canonical form of a setting: dicts and lists element by element, a settings object by
+    its type and public scalar attributes (EasyCache samples with a clone of its holder, so the
+    one on the model keeps its settings, not run state; a log switch such as ``verbose`` is
+    left out), and scalars and tensors as weight patches digest them."""
+    if depth < 3 and isinstance(value, dict):
         return [[str(k), _setting_value(v, depth + 1)] for k, v in sorted(value.items(), key=lambda kv: str(kv[0]))
                 if not callable(v)]
-    if isinstance(value, (list, tuple)):
+    if depth < 3 and isinstance(value, (list, tuple)):
         return [_setting_value(v, depth + 1) for v in value]
-    attrs = sorted((name, v) for name, v in getattr(value, "__dict__", {}).items()
-                   if not name.startswith("_") and name not in _COSMETIC_SETTINGS
-                   and (v is None or isinstance(v, (int, float, str, bool))))
-    return [type(value).__name__, [list(a) for a in attrs]]
+    if depth < 3 and hasattr(value, "__dict__") and not isinstance(value, torch.Tensor):
+        attrs = sorted((name, v) for name, v in vars(value).items()
+                       if not name.startswith("_") and name not in _COSMETIC_SETTINGS
+                       and (v is None or isinstance(v, (int, float, str, bool))))
+        return [type(value).__name__, [list(a) for a in attrs]]
+    return _digest_patch_value(value)
 
 
 def backbone_name(model) -> str:
