@@ -78,7 +78,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--out", default=os.path.join(REPO, "bench", "results", "easycache_compute.json"))
     ap.add_argument("--no-plots", action="store_true")
     a = ap.parse_args(argv)
-    curves, rows, alone = {}, [], {}
+    rows, alone = [], {}
     runs = []
     for path in a.results:
         with open(path) as f:
@@ -86,17 +86,18 @@ def main(argv=None) -> dict:
         runs.append((path, data))
         for wl, systems in data["workloads"].items():
             key = curve_key(wl, data["settings"])
-            known = {t for _, _, t in curves.get(key, [])}
+            known = {r["threshold"] for r in alone.get(key, [])}
             new = [pt for pt in easycache_curve(systems) if pt[2] not in known]
             if not new:
                 continue
-            curves[key] = sorted(curves.get(key, []) + new)
             alone.setdefault(key, []).extend(
                 {"threshold": t, "compute_speedup": s, "psnr_workload": p,
                  "wall_speedup": systems[f"easycache_{t:g}"]["workload_speedup"],
                  "checker": systems[f"easycache_{t:g}"]["checker_accuracy"],
                  "from": os.path.relpath(path, REPO)} for p, s, t in new)
             alone[key].sort(key=lambda r: r["psnr_workload"])
+    curves = {key: [(r["psnr_workload"], r["compute_speedup"], r["threshold"]) for r in points]
+              for key, points in alone.items()}
     for path, data in runs:
         settings = data["settings"]
         probe, min_saving = settings.get("probe_fraction"), settings.get("min_saving", 0.0)

@@ -162,12 +162,14 @@ def _setting_value(value, depth: int = 0):
     its type and public scalar attributes (EasyCache samples with a clone of its holder, so the
     one on the model keeps its settings, not run state; a log switch such as ``verbose`` is
     left out), and scalars and tensors as weight patches digest them."""
-    if depth < 3 and isinstance(value, dict):
+    if depth >= 3:
+        return _digest_patch_value(value)
+    if isinstance(value, dict):
         return [[str(k), _setting_value(v, depth + 1)] for k, v in sorted(value.items(), key=lambda kv: str(kv[0]))
                 if not callable(v)]
-    if depth < 3 and isinstance(value, (list, tuple)):
+    if isinstance(value, (list, tuple)):
         return [_setting_value(v, depth + 1) for v in value]
-    if depth < 3 and hasattr(value, "__dict__") and not isinstance(value, torch.Tensor):
+    if hasattr(value, "__dict__") and not isinstance(value, torch.Tensor):
         attrs = sorted((name, v) for name, v in vars(value).items()
                        if not name.startswith("_") and name not in _COSMETIC_SETTINGS
                        and (v is None or isinstance(v, (int, float, str, bool))))
