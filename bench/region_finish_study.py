@@ -67,6 +67,38 @@ DEPTHS = (4, 6, 8, 10, 12, 14)
 CALLS = (4, 5, 6)
 
 
+def other_evidence_pairs(bench, world, settings, scale: float = 1.0):
+    """(group, kind, request line, request, candidate, region M tiles) for KINDS' count of
+    calibration pairs per kind (× ``scale``) whose probes give *other* evidence and a region
+    the gate allows: the later request of each pair reuses the earlier, both computed in full
+    with their trajectories recorded."""
+    from calibrate import group_of
+    from carnator_core.calibration import RiskModel
+    from carnator_core.self_calibration import evidence, evidence_class
+    n, p = world.steps, settings.probe_steps(world.steps)
+    snaps = settings.snapshot_steps(n)
+    _, lines = bench.load_workload("calibration")
+    groups: dict = {}
+    for ln in lines:
+        groups.setdefault(group_of(ln), []).append(ln)
+    want = {k: max(1, round(v * scale)) for k, v in KINDS.items()}
+    for g, members in sorted(groups.items(), key=lambda kv: str(kv[0])):
+        kind = members[0].get("kind")
+        if want.get(kind, 0) <= 0 or len(members) < 2:
+            continue
+        full = [world.full(ln["prompt"], int(ln["seed"]), ln.get("seed_policy", "same_seed"), snaps, p)
+                for ln in members[:2]]
+        req, cand = full[1], full[0]  # the later request reuses the earlier
+        new_sig, old_sig = req["record"].signature(p - 1), cand["record"].signature(p - 1)
+        feats, region = evidence(new_sig, old_sig, new_sig.similarity(old_sig), RiskModel().region_threshold)
+        if evidence_class(feats) == "same_scene" or feats["region_fraction"] > settings.gate.max_region_fraction:
+            continue  # the guided finish serves the first; the gate rejects the second
+        want[kind] -= 1
+        yield g, kind, members[1], req, cand, region
+        if not any(v > 0 for v in want.values()):
+            return
+
+
 class RegionGuided(RegionFinish):
     """The region finish's best case and a cheaper cousin, for the study. ``hold=False``: the
     model runs on the whole frame between the calls and only M's share of its output is kept
@@ -145,12 +177,10 @@ def main(argv=None) -> dict:
     a = ap.parse_args(argv)
     if a.calibration_labels:
         return calibration_verdict(a.calibration_labels, a.calibration_labels.replace(".jsonl", ".json"))
-    from calibrate import _load_bench, group_of
+    from calibrate import _load_bench
     bench = _load_bench()
-    from carnator_core.calibration import RiskModel
     from carnator_core.guided_finish import GuidedFinish
     from carnator_core.pipeline import ReuseSettings, fill_region
-    from carnator_core.self_calibration import evidence, evidence_class
     from carnator_core.signature import tiles_to_latent_mask
     settings = ReuseSettings()
     world = bench.World(bench.DEFAULT_MODEL, steps=a.steps)
@@ -158,26 +188,8 @@ def main(argv=None) -> dict:
     def want_variant(name):
         return a.variants is None or name in a.variants
     n, p = world.steps, settings.probe_steps(a.steps)
-    snaps = settings.snapshot_steps(n)
-    region_threshold = RiskModel().region_threshold
-    _, lines = bench.load_workload("calibration")
-    groups: dict = {}
-    for ln in lines:
-        groups.setdefault(group_of(ln), []).append(ln)
-    want = {k: max(1, round(v * a.scale)) for k, v in KINDS.items()}
     rows, t0 = [], time.time()
-    for g, members in sorted(groups.items(), key=lambda kv: str(kv[0])):
-        kind = members[0].get("kind")
-        if want.get(kind, 0) <= 0 or len(members) < 2:
-            continue
-        full = [world.full(ln["prompt"], int(ln["seed"]), ln.get("seed_policy", "same_seed"), snaps, p)
-                for ln in members[:2]]
-        req, cand, line = full[1], full[0], members[1]  # the later request reuses the earlier
-        new_sig, old_sig = req["record"].signature(p - 1), cand["record"].signature(p - 1)
-        feats, region = evidence(new_sig, old_sig, new_sig.similarity(old_sig), region_threshold)
-        if evidence_class(feats) == "same_scene" or feats["region_fraction"] > settings.gate.max_region_fraction:
-            continue  # the guided finish serves the first; the gate rejects the second
-        want[kind] -= 1
+    for g, kind, line, req, cand, region in other_evidence_pairs(bench, world, settings, a.scale):
         run0 = world.new_run(line["prompt"], int(line["seed"]), line.get("seed_policy", "same_seed"))
         mask = tiles_to_latent_mask(region, req["record"].grid, run0.latent_shape).float()
         share = float(mask.mean())
@@ -229,8 +241,6 @@ def main(argv=None) -> dict:
             row["depths"][str(k)] = out
         rows.append(row)
         print(f"{len(rows)} pairs ({kind}, M {share:.0%}), {time.time() - t0:.0f} s", flush=True)
-        if not any(v > 0 for v in want.values()):
-            break
     summary: dict = {}
     for kind in list(KINDS) + ["all"]:
         mine = [r for r in rows if kind in (r["kind"], "all")]

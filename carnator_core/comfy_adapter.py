@@ -749,14 +749,20 @@ class ComfyRun:
                 e.region_patched = True
         return self.recorder.region
 
-    def jump(self, start: int, end: int, boundary_latent: torch.Tensor, calls: int) -> torch.Tensor:
+    def jump(self, start: int, end: int, boundary_latent: torch.Tensor, calls: int,
+             guide=None) -> torch.Tensor:
         """The request's own trajectory from step ``start`` to ``end`` in ``calls`` model steps
         through the same schedule's sigmas (coarser steps): a cheap estimate of its own latent
-        at ``end``, in the form ``sample`` returns. Costs ``calls`` model steps."""
+        at ``end``, in the form ``sample`` returns. Costs ``calls`` model steps, or less where
+        ``guide`` (as in ``sample``) has some of them compute region M's tokens alone."""
         idx = torch.linspace(start, end, max(1, calls) + 1).round().long().unique()
         self.recorder.capture_steps = set()
-        return self._sample_path(idx.tolist(), boundary_latent, torch.zeros_like(boundary_latent),
-                                 None, fresh=False)
+        self.recorder.guide = guide
+        try:
+            return self._sample_path(idx.tolist(), boundary_latent, torch.zeros_like(boundary_latent),
+                                     None, fresh=False)
+        finally:
+            self.recorder.guide = None
 
     def _sample_path(self, indices: list[int], latent: torch.Tensor, noise: torch.Tensor,
                      callback, fresh: bool) -> torch.Tensor:
