@@ -126,7 +126,16 @@ def main(argv=None) -> dict:
     ap.add_argument("--psnr-bound", type=float, default=30.0)
     ap.add_argument("--scale", type=float, default=1.0, help="share of the pairs per kind (smoke runs)")
     ap.add_argument("--out", default=os.path.join(RESULTS, "studies", "region_fill.json"))
+    ap.add_argument("--shard", default="0/1", metavar="I/N", help="only pairs i, i+N, … (run N in parallel)")
+    ap.add_argument("--merge", nargs="+", default=None, metavar="JSON", help="summarise shards' files into --out")
     a = ap.parse_args(argv)
+    if a.merge:
+        parts = [json.load(open(f)) for f in a.merge]
+        rows = [r for part in parts for r in part["pairs"]]
+        res = {**parts[0], "pairs": rows, "summary": summarise(rows, parts[0]["depths"], parts[0]["steps"]),
+               "seconds": sum(part["seconds"] for part in parts), "merged": a.merge}
+        return write(res, a.out)
+    shard, shards = (int(x) for x in a.shard.split("/"))
     from calibrate import _load_bench
     bench = _load_bench()
     from carnator_core.guided_finish import GuidedFinish
@@ -138,8 +147,14 @@ def main(argv=None) -> dict:
     n, p = world.steps, settings.probe_steps(a.steps)
     snaps = settings.snapshot_steps(n)
     depths = [k for k in DEPTHS if k in snaps]
-    rows, t0 = [], time.time()
-    for g, kind, line, req, cand, region in other_evidence_pairs(bench, world, settings, a.scale):
+    rows, t0, empty = [], time.time(), 0
+    for i, (g, kind, line, req, cand, region) in enumerate(other_evidence_pairs(bench, world, settings, a.scale)):
+        if i % shards != shard:
+            continue
+        if not bool(region.any()):
+            empty += 1  # nothing to fill: the hit resumes the candidate's latent whole
+            continue
+
         def new_run():
             return world.new_run(line["prompt"], int(line["seed"]), line.get("seed_policy", "same_seed"))
         run0 = new_run()
@@ -180,17 +195,26 @@ def main(argv=None) -> dict:
             row["depths"][str(k)] = out
         rows.append(row)
         print(f"{len(rows)} pairs ({kind}, M {token_share:.0%} of the tokens), {time.time() - t0:.0f} s", flush=True)
-    res = {"steps": n, "probe_steps": p, "psnr_bound": a.psnr_bound, "depths": depths,
-           "finish_calls": FINISH_CALLS,
-           "summary": summarise(rows, depths, n), "pairs": rows, "seconds": round(time.time() - t0, 1)}
-    os.makedirs(os.path.dirname(a.out), exist_ok=True)
-    with open(a.out, "w") as f:
+        write({"steps": n, "probe_steps": p, "psnr_bound": a.psnr_bound, "depths": depths,
+               "finish_calls": FINISH_CALLS, "shard": a.shard, "pairs_without_region": empty,
+               "summary": summarise(rows, depths, n), "pairs": rows,
+               "seconds": round(time.time() - t0, 1)}, a.out, quiet=True)
+    if not rows:
+        raise SystemExit("no pair with a region M to fill")
+    return write(json.load(open(a.out)), a.out)
+
+
+def write(res: dict, out: str, quiet: bool = False) -> dict:
+    os.makedirs(os.path.dirname(out), exist_ok=True)
+    with open(out, "w") as f:
         json.dump(res, f, indent=1)
+    if quiet:
+        return res
     for kind, s in res["summary"].items():
         print(f"{kind}: {s['pairs']} pairs, M {s['mean_token_share']:.0%} of the tokens")
         for fill, o in s["oracle"].items():
             print(f"  oracle {fill}: {o['speedup']:.2f}x ({o['within']} pairs within at some depth)")
-        for k in depths:
+        for k in res["depths"]:
             print(f"  k={k:>2} " + " | ".join(f"{m} {x['within']}/{x['pairs']} {x['mean_psnr']:.1f}dB {x['mean_speedup']:.2f}x"
                                             for m, x in s[str(k)].items()))
     return res
