@@ -141,6 +141,9 @@ def main(argv=None) -> dict:
     ap.add_argument("--groups-from", type=int, default=None, help="only pair groups from this number on")
     ap.add_argument("--fill-calls", type=int, default=None,
                     help="model steps filling region M on a reuse (ReuseSettings.region_fill_calls)")
+    ap.add_argument("--fill-on-m", action="store_true",
+                    help="fill region M by its own trajectory computed on its tokens "
+                         "(ReuseSettings.region_fill_on_m; bench/region_fill_study.py)")
     ap.add_argument("--same-scene-groups-of", nargs="+", default=None, metavar="JSONL",
                     help="only the pair groups with same-scene evidence in these measurement files "
                          "(re-measure them after changing the guided finish; merge with --replace-into)")
@@ -178,6 +181,7 @@ def main(argv=None) -> dict:
     settings = ReuseSettings(probe_fraction=a.probe_fraction, gate=GateSettings())
     if a.fill_calls is not None:
         settings.region_fill_calls = a.fill_calls
+    settings.region_fill_on_m = a.fill_on_m
     if a.other_finish_calls is not None:
         settings.other_finish_calls = a.other_finish_calls
     settings.other_finish_region = a.other_finish_region

@@ -45,6 +45,7 @@ for p in (os.path.join(REPO, "tests"), os.path.join(REPO, "bench"), REPO):
     if p not in sys.path:
         sys.path.insert(0, p)
 
+from carnator_core.region_compute import FillSegment  # noqa: E402
 from region_finish_study import other_evidence_pairs  # noqa: E402
 
 RESULTS = os.path.join(REPO, "bench", "results")
@@ -52,48 +53,27 @@ DEPTHS = (8, 10, 12, 14, 16)
 FINISH_CALLS = 6
 
 
-class SegmentOnM:
-    """The guide of one fill segment: its first step computes the whole frame (the outside's
-    keys and values are kept); later ones compute M's tokens alone when ``on_m``. The
-    outside's prediction is left as the model gives it: the fill keeps only M."""
-
-    def __init__(self, first: int, on_m: bool):
-        self.compute, self.first, self.on_m = {first}, first, on_m
-        self.full_calls = self.region_steps = 0
-
-    def predict(self, step):
-        return None
-
-    def region_step(self, step) -> bool:
-        return self.on_m and step is not None and step != self.first
-
-    def observe(self, step, x0):
-        region = self.region_step(step)
-        self.region_steps += int(region)
-        self.full_calls += int(not region)
-
-
-def fill_variants(p: int, k: int, snapshots: list[int]) -> dict[str, list[tuple[int, int, bool]]]:
-    """Fills as segments (start step, model steps to the next segment or k, M's tokens alone
-    after the first): a segment that starts at a stored snapshot first replaces the outside by
+def fill_variants(p: int, k: int, snapshots: list[int]) -> dict[str, list[tuple[int, int]]]:
+    """Fills as segments (start step, model steps to the next segment or k; the first a full
+    call, the rest on M's tokens: ``region_compute.FillSegment``): a segment that starts at a stored snapshot first replaces the outside by
     the candidate's stored latent there. A first segment after p starts M from the probe's
     x̂0 re-noised (the fill then computes nothing from p to there)."""
     def middle(lo):
         inner = [s for s in snapshots if lo < s < k]
         return min(inner, key=lambda s: abs(s - (lo + k) / 2)) if inner else None
-    out = {"region_coarse_4": [(p, 4, True)]}
+    out = {"region_coarse_4": [(p, 4)]}
     m = middle(p)
     if m is not None:
-        out.update({"swap_2": [(p, 1, False), (m, 1, False)],
-                    "swap_region_4": [(p, 2, True), (m, 2, True)],
-                    "swap_region_6": [(p, 3, True), (m, 3, True)]})
+        out.update({"swap_2": [(p, 1), (m, 1)],
+                    "swap_region_4": [(p, 2), (m, 2)],
+                    "swap_region_6": [(p, 3), (m, 3)]})
     first = min((s for s in snapshots if s > p), default=None)
     if first is not None and first < k:
-        out["renoise_region_4"] = [(first, 4, True)]
+        out["renoise_region_4"] = [(first, 4)]
         m = middle(first)
         if m is not None:
-            out["renoise_swap_region_4"] = [(first, 2, True), (m, 2, True)]
-            out["renoise_swap_region_6"] = [(first, 3, True), (m, 3, True)]
+            out["renoise_swap_region_4"] = [(first, 2), (m, 2)]
+            out["renoise_swap_region_6"] = [(first, 3), (m, 3)]
     return out
 
 
@@ -107,12 +87,12 @@ def fill_by_segments(run, mask, x_probe, x0_probe, p: int, k: int, segments, sto
         own = run.boundary_from_sampler_space(run.renoise(x0_probe, a), a)
     run.compute_region(mask)
     try:
-        for i, (a, calls, on_m) in enumerate(segments):
+        for i, (a, calls) in enumerate(segments):
             b = segments[i + 1][0] if i + 1 < len(segments) else k
             if a != p:  # the outside follows the stored trajectory, M its own
                 outside = run.boundary_from_sampler_space(stored[a].float(), a)
                 own = torch.lerp(outside, own.to(outside.device), mask.to(outside.device))
-            guide = SegmentOnM(a, on_m)
+            guide = FillSegment(a)
             own = run.jump(a, b, own, min(calls, b - a), guide=guide)
             cost += guide.full_calls + guide.region_steps * token_share
     finally:
@@ -166,8 +146,9 @@ def main(argv=None) -> dict:
             x_k = cand["record"].snapshots[k].float()
             fills = {}
             run = new_run()
-            fills["coarse_2"] = fill_region(run, x_k, region, req["record"].grid, req["x0_probe"],
-                                            req["x_probe"], p, k, settings.region_fill_calls)
+            got = fill_region(run, x_k, region, req["record"].grid, req["x0_probe"], req["x_probe"],
+                              p, k, settings.region_fill_calls)
+            fills["coarse_2"] = (got.latent, got.steps)
             own = run.boundary_from_sampler_space(req["record"].snapshots[k].float(), k)
             outside = run.boundary_from_sampler_space(x_k, k)
             fills["own_true"] = (torch.lerp(outside, own, mask), 0)

@@ -205,8 +205,9 @@ def main(argv=None) -> dict:
                 run = world.new_run(line["prompt"], int(line["seed"]), line.get("seed_policy", "same_seed"))
                 x_k = cand["record"].snapshots[k].float()
                 if bool(region.any()):
-                    start, fill = fill_region(run, x_k, region, req["record"].grid, req["x0_probe"],
-                                              req["x_probe"], p, k, settings.region_fill_calls)
+                    got = fill_region(run, x_k, region, req["record"].grid, req["x0_probe"],
+                                      req["x_probe"], p, k, settings.region_fill_calls)
+                    start, fill = got.latent, got.steps
                 else:
                     start, fill = run.boundary_from_sampler_space(x_k, k), 0
                 guide = make_guide(run)

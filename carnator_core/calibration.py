@@ -185,6 +185,7 @@ def fit_and_certify(instances: list[dict], region_threshold: float, delta: float
     model = fit(train, region_threshold, form=form)
     model.finish_calls = measured_finish(instances)
     model.finish_region = measured_region_finish(instances)
+    model.region_fill_on_m = measured_fill_on_m(instances)
     certification = certify_model(model, held, delta=delta, max_region_fraction=max_region_fraction)
     model.source += (f"; thresholds certified by Learn-then-Test on {certification['instances']} "
                      f"held-out pairs at {1 - delta:.0%} confidence")
@@ -231,6 +232,19 @@ def measured_region_finish(instances: list[dict]) -> dict[str, bool]:
         raise ValueError(f"the guided finish of {mixed} was measured with and without region M's "
                          "own computation: measure each class one way")
     return {klass: True for klass, ways in seen.items() if True in ways}
+
+
+def measured_fill_on_m(instances: list[dict]) -> bool:
+    """Whether the reuses were measured with region M filled by its own trajectory on its
+    tokens (depths carrying ``fill`` "on_m", where that fill was asked for: pipeline.fill_region
+    falls back to coarse steps where it cannot run, as a hit does). Only reuses with a region
+    M tell (an empty M fills nothing); some each way is an error."""
+    seen = {d.get("fill") == "on_m" for inst in instances if inst["features"]["region_fraction"] > 0
+            for d in inst["depths"]}
+    if len(seen) > 1:
+        raise ValueError("region M was filled by its own trajectory in some measured reuses and by "
+                         "coarse steps in others: measure the calibration one way")
+    return seen == {True}
 
 
 def calibration_path(cache_folder: str | Path, model_fingerprint: str,

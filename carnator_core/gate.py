@@ -19,6 +19,7 @@ from pathlib import Path
 
 import torch
 
+from .region_compute import FILL_SEGMENT_STEPS
 from .signature import EarlySignature, tile_deviation
 
 FEATURES = ("outside_mean", "outside_max", "region_fraction", "depth_fraction", "similarity_gap")
@@ -139,6 +140,9 @@ class RiskModel:
     # Classes whose guided finish computes region M's tokens between its calls
     # (region_compute.py; {"other": True}), as their reuses were measured.
     finish_region: dict[str, bool] = field(default_factory=dict)
+    # Whether the reuses were measured with region M filled by its own trajectory computed on
+    # its tokens (pipeline.fill_region's segments); a hit fills M the same way.
+    region_fill_on_m: bool = False
     # The probe's share of the steps the reuses were measured with: evidence read after one
     # probe step is not the evidence read after two, so the thresholds hold for this probe
     # only (risk_model_for finds a calibration by fingerprint and probe). Files written
@@ -387,14 +391,15 @@ def depth_reason(settings: GateSettings, lo: int, hi: int, probe_steps: int, ste
 
 def decide(new: EarlySignature, candidates: list[tuple[str, EarlySignature, float, list[int]]],
            steps: int, probe_steps: int, model: RiskModel,
-           settings: GateSettings, fill_calls: int = 0) -> tuple[Plan, list[Plan]]:
+           settings: GateSettings, fill_calls: int = 0, fill_on_m: bool = False) -> tuple[Plan, list[Plan]]:
     """Pick the best acceptable candidate and depth; also return every candidate's verdict.
 
     ``candidates``: (entry id, its signature at the probe step, similarity, snapshot steps,
     optionally whether it stored the x̂0 a guided finish needs — assumed when absent).
     The candidate whose acceptable finish computes least wins; ties go to lower risk.
     ``fill_calls``: model steps a hit spends filling region M (ReuseSettings.region_fill_calls),
-    counted in the saving ``settings.min_saving`` asks for.
+    or ``fill_on_m`` M's own trajectory on its tokens (RiskModel.region_fill_on_m), counted in
+    the saving ``settings.min_saving`` asks for.
     """
     lo = max(probe_steps, math.ceil(settings.min_depth * steps))
     hi = math.floor(settings.max_depth * steps)
@@ -420,7 +425,7 @@ def decide(new: EarlySignature, candidates: list[tuple[str, EarlySignature, floa
         return verdicts[0], verdicts  # the best-ranked candidate's verdict explains the miss
     accepted.sort(key=lambda p: (_cost(p, steps), p.risk))
     best = accepted[0]
-    saving = hit_saving(best, steps, probe_steps, fill_calls)
+    saving = hit_saving(best, steps, probe_steps, fill_calls, fill_on_m)
     if saving < settings.min_saving:
         return Plan(False, entry_id=best.entry_id, risk=best.risk, similarity=best.similarity,
                     features=best.features, region_tiles=best.region_tiles, reason=(
@@ -430,10 +435,18 @@ def decide(new: EarlySignature, candidates: list[tuple[str, EarlySignature, floa
     return best, verdicts
 
 
-def hit_saving(plan: Plan, steps: int, probe_steps: int, fill_calls: int = 0) -> float:
+def hit_saving(plan: Plan, steps: int, probe_steps: int, fill_calls: int = 0,
+               fill_on_m: bool = False) -> float:
     """Share of the steps an accepted plan does not compute: probe, M's fill (when M is not
-    empty) and the finish are computed; region calls count at M's token share."""
-    fill = fill_steps(fill_calls, plan.reuse_step, probe_steps) if plan.region_fraction > 0 else 0
+    empty) and the finish are computed; region calls count at M's token share (its share of
+    the tiles stands in for it here)."""
+    fill = 0.0
+    if plan.region_fraction > 0:
+        fill = fill_steps(fill_calls, plan.reuse_step, probe_steps)
+        if fill_on_m and plan.reuse_step > probe_steps + FILL_SEGMENT_STEPS:
+            # region_compute's fill in (at most) two segments: a full call each, the rest on
+            # M's tokens
+            fill = 2 * (1 + (FILL_SEGMENT_STEPS - 1) * plan.region_fraction)
     return 1.0 - (probe_steps + fill + _cost(plan, steps)) / steps
 
 

@@ -30,7 +30,7 @@ from .sparse_reuse import CONNECTIVITY_KEYS, Connectivity, SparseSettings
 from .calibration_status import model_status, status_line
 from .tolerance import psnr
 from .guided_finish import GuidedFinish
-from .region_compute import RegionFinish
+from .region_compute import FILL_SEGMENT_STEPS, FillSegment, RegionFinish, fill_segment_starts
 from .signature import (EarlySignature, pool_latent_tiles, pool_token_tiles, tile_grid_for,
                         tiles_to_latent_mask)
 
@@ -48,6 +48,10 @@ class ReuseSettings:
     # fills region M on a hit (0: its probe x̂0 re-noised to k*, no extra step). Two steps
     # cut edits' failures at k = 10 of 20 from 25–43% to 5–8% (bench/depth_studies.py).
     region_fill_calls: int = 2
+    # What a calibration measures hits with region M filled by M's own trajectory computed on
+    # its tokens (pipeline.fill_region's ``stored``; Wan-layout models). A hit fills M the way
+    # its model's calibration measured it (RiskModel.region_fill_on_m), whatever this says.
+    region_fill_on_m: bool = False
     gate: GateSettings = field(default_factory=GateSettings)
     sparse: SparseSettings = field(default_factory=SparseSettings)
     store: bool = True
@@ -341,7 +345,7 @@ def gate(pr: ProbeResult, found: LookupResult, risk_model: RiskModel,
     model, budget, note = _audited(pr, risk_model, settings.risk_budget)
     settings = replace(settings, risk_budget=budget)
     plan, verdicts = decide(pr.signature, comparable, pr.run.steps, pr.probe_steps, model,
-                            settings, pr.settings.region_fill_calls)
+                            settings, pr.settings.region_fill_calls, model.region_fill_on_m)
     if plan.accept and settings.recurring_sources:
         plan = recurring_scene(pr, plan, model, settings) or plan
     if note:
@@ -392,12 +396,12 @@ def recurring_scene(pr: ProbeResult, plan: Plan, model: RiskModel,
                   for eid, sig, sim, *_ in comparable_candidates(pr, found)]
     if not as_sources:
         return None
-    steps, probe, fill = pr.run.steps, pr.probe_steps, pr.settings.region_fill_calls
+    steps, probe, fill = pr.run.steps, pr.probe_steps, (pr.settings.region_fill_calls, model.region_fill_on_m)
     best, _ = decide(pr.signature, as_sources, steps, probe, model,
-                     replace(settings, min_saving=0.0), fill)
+                     replace(settings, min_saving=0.0), *fill)
     if not best.accept or evidence_class(best.features) != "same_scene":
         return None
-    would, now = hit_saving(best, steps, probe, fill), hit_saving(plan, steps, probe, fill)
+    would, now = hit_saving(best, steps, probe, *fill), hit_saving(plan, steps, probe, *fill)
     if would <= now:
         return None
     return Plan(False, entry_id=plan.entry_id, risk=plan.risk, similarity=plan.similarity,
@@ -445,22 +449,30 @@ def calibrated_risk_model(pr: ProbeResult) -> tuple[RiskModel | None, str | None
         return None, f"{e}; the request ran as a miss"
 
 
-def _start_from_candidate(pr: ProbeResult, plan: Plan) -> tuple[torch.Tensor | None, int]:
-    """(latent to resume from at k*, model steps spent on region M): the candidate's x_k
-    outside M; inside M the request's own estimate of its x_k."""
-    k = plan.reuse_step
+def _start_from_candidate(pr: ProbeResult, plan: Plan) -> Fill | None:
+    """Where the hit resumes at k* and what filling M cost: the candidate's x_k outside M;
+    inside M the request's own estimate of its x_k, filled as the gate's calibration measured
+    it. None: the entry lost its snapshot."""
+    k, device = plan.reuse_step, pr.record.last_x0.device
+    on_m = bool(pr.gate_model is not None and pr.gate_model.region_fill_on_m)
+    has_region = plan.region_tiles is not None and bool(plan.region_tiles.any())
+    starts = fill_segment_starts(pr.probe_steps, k, pr.settings.snapshot_steps(pr.run.steps)) \
+        if on_m and has_region else []
+    names = [f"snapshot.{s}" for s in [k] + starts]
     tensors = guarded(pr.cache, "reading the snapshot", pr.cache.load_tensors, plan.entry_id,
-                      latent_keys(f"snapshot.{k}"))
+                      [key for name in names for key in latent_keys(name)])
     if tensors is None or f"snapshot.{k}" not in tensors:
-        return None, 0
-    x_k = loaded_latent(tensors, f"snapshot.{k}", pr.record.last_x0.device)
+        return None
+    x_k = loaded_latent(tensors, f"snapshot.{k}", device)
     if tuple(x_k.shape) != tuple(pr.run.latent_shape):
         raise CacheError(f"cached snapshot {shape_str(x_k.shape)} does not match latent "
                          f"{shape_str(pr.run.latent_shape)} — no reuse")
-    if plan.region_tiles is None or not bool(plan.region_tiles.any()):
-        return pr.run.boundary_from_sampler_space(x_k, k), 0
+    if not has_region:
+        return Fill(pr.run.boundary_from_sampler_space(x_k, k))
+    stored = {s: loaded_latent(tensors, f"snapshot.{s}", device) for s in starts
+              if f"snapshot.{s}" in tensors} if on_m else None
     return fill_region(pr.run, x_k, plan.region_tiles, pr.record.grid, pr.record.last_x0,
-                       pr.x_probe, pr.probe_steps, k, pr.settings.region_fill_calls)
+                       pr.x_probe, pr.probe_steps, k, pr.settings.region_fill_calls, stored)
 
 
 def guided_finish_for(run, stored: dict[int, torch.Tensor], start: int, calls: int) -> GuidedFinish | None:
@@ -501,23 +513,72 @@ def _guided_finish(pr: ProbeResult, plan: Plan, notes: list[str]) -> GuidedFinis
     return guide
 
 
+@dataclass
+class Fill:
+    """Where a hit resumes at k (the resume form) and what filling region M computed."""
+    latent: torch.Tensor
+    calls: int = 0              # model calls on the whole frame
+    region_calls: int = 0       # model calls on M's tokens alone
+    token_share: float = 0.0    # M's share of the tokens
+    on_m: bool = False          # M's own trajectory computed on its tokens (region_compute.py)
+    note: str = ""              # why a fill on M's tokens fell back to the coarse one
+
+    @property
+    def steps(self) -> float:
+        """In model steps, a call on M's tokens counted at their share."""
+        return self.calls + self.region_calls * self.token_share
+
+
 def fill_region(run, stored_x_k: torch.Tensor, region_tiles: torch.Tensor,
                 grid: tuple[int, int, int], x0_probe: torch.Tensor, x_probe: torch.Tensor,
-                probe_steps: int, k: int, calls: int) -> tuple[torch.Tensor, int]:
+                probe_steps: int, k: int, calls: int,
+                stored: dict[int, torch.Tensor] | None = None) -> Fill:
     """The stored x_k outside region M, the request's own estimate inside, as the latent
-    ``run.sample`` resumes from at k; and the model steps that estimate cost.
+    ``run.sample`` resumes from at k.
 
     ``calls`` 0: the probe's last x̂0 re-noised to σ_k with the request's own noise (free,
     but a 2-step x̂0 is blurry). ``calls`` > 0: the request's own trajectory from the probe
     to k in that many coarse steps (the conversions to the resume form are affine, so the
-    blend can happen after them)."""
+    blend can happen after them). ``stored`` (the candidate's sampler-space snapshots by
+    step): M's own trajectory in segments on its tokens instead, the outside the stored one
+    at each segment's start (``region_compute.fill_segment_starts``); where no snapshot lies
+    between the probe and k, or the model cannot compute M alone, the coarse fill."""
     mask = tiles_to_latent_mask(region_tiles, grid, run.latent_shape).to(stored_x_k.device)
-    if calls <= 0 or k <= probe_steps:
-        own = run.renoise(x0_probe, k)
-        return run.boundary_from_sampler_space(torch.lerp(stored_x_k, own, mask), k), 0
-    own = run.jump(probe_steps, k, x_probe, calls)
     outside = run.boundary_from_sampler_space(stored_x_k, k)
-    return torch.lerp(outside, own.to(outside.device), mask.to(outside.device)), fill_steps(calls, k, probe_steps)
+    note = ""
+    if stored is not None:
+        starts = fill_segment_starts(probe_steps, k, stored)
+        if starts:
+            try:
+                return _fill_on_m(run, outside, mask, x0_probe, k, starts, stored)
+            except ValueError as e:  # not a Wan-layout model, or M covers every token
+                note = f"{e}: region M filled by coarse steps"
+    if calls <= 0 or k <= probe_steps:
+        own = run.boundary_from_sampler_space(run.renoise(x0_probe, k), k)
+        return Fill(torch.lerp(outside, own.to(outside.device), mask), note=note)
+    own = run.jump(probe_steps, k, x_probe, calls)
+    return Fill(torch.lerp(outside, own.to(outside.device), mask.to(outside.device)),
+                fill_steps(calls, k, probe_steps), note=note)
+
+
+def _fill_on_m(run, outside_k: torch.Tensor, mask: torch.Tensor, x0_probe: torch.Tensor, k: int,
+               starts: list[int], stored: dict[int, torch.Tensor]) -> Fill:
+    """fill_region's segments on M's tokens (region_compute.py, FILL_SEGMENT_STEPS each)."""
+    region = run.compute_region(mask)
+    fill = Fill(outside_k, token_share=region.share, on_m=True)
+    try:
+        own = run.boundary_from_sampler_space(run.renoise(x0_probe, starts[0]), starts[0])
+        for a, b in zip(starts, starts[1:] + [k]):
+            here = run.boundary_from_sampler_space(stored[a].to(own.device, torch.float32), a)
+            own = torch.lerp(here, own, mask.to(own.device))
+            guide = FillSegment(a)
+            own = run.jump(a, b, own, min(FILL_SEGMENT_STEPS, b - a), guide=guide)
+            fill.calls += guide.full_calls
+            fill.region_calls += guide.region_steps
+    finally:
+        run.compute_region(None)
+    fill.latent = torch.lerp(outside_k, own.to(outside_k.device), mask.to(outside_k.device))
+    return fill
 
 
 def reuse(pr: ProbeResult, plan: Plan) -> tuple[torch.Tensor, Summary]:
@@ -532,14 +593,18 @@ def reuse(pr: ProbeResult, plan: Plan) -> tuple[torch.Tensor, Summary]:
         _finish_summary(pr, s, [])
         return pr.exact_latent, s
 
-    notes, start, filled, calls = [], None, 0, run.model_calls
+    notes, start, fill, calls = [], None, None, run.model_calls
     region_calls, token_share = 0, None
     expert_calls = _expert_calls(run)
     if plan.accept:
         try:
-            start, filled = _start_from_candidate(pr, plan)
-            if start is None:
+            fill = _start_from_candidate(pr, plan)
+            if fill is None:
                 notes.append(f"entry {plan.entry_id[:8]} lost its snapshot; ran as a miss")
+            else:
+                start = fill.latent
+                if fill.note:
+                    notes.append(fill.note)
         except CacheError as e:
             notes.append(str(e))
     record = pr.record.fork(snapshots=start is None)  # a reuse is kept for exact repeats only
@@ -555,13 +620,16 @@ def reuse(pr: ProbeResult, plan: Plan) -> tuple[torch.Tensor, Summary]:
             if tokens is not None:
                 run.compute_region(None)
         predicted = guide.predicted if guide is not None else 0
+        outcome, computed = "hit", pr.probe_steps + fill.calls + (n - plan.reuse_step) - predicted
+        if fill.on_m:
+            region_calls, token_share = fill.region_calls, fill.token_share
+            notes.append(f"region M filled by its own trajectory: {fill.calls} full calls, "
+                         f"{fill.region_calls} on M's tokens alone ({token_share:.0%} of the tokens)")
         if isinstance(guide, RegionFinish):
-            region_calls, token_share = guide.region_steps, tokens.share
-        outcome, computed = "hit", pr.probe_steps + filled + (n - plan.reuse_step) - predicted
-        if region_calls:
+            region_calls, token_share = region_calls + guide.region_steps, tokens.share
             notes.append(f"guided finish: {n - plan.reuse_step - predicted} of the {n - plan.reuse_step} "
-                         f"steps after k* computed in full, {region_calls} on region M's tokens alone "
-                         f"({token_share:.0%} of the tokens)")
+                         f"steps after k* computed in full, {guide.region_steps} on region M's tokens "
+                         f"alone ({token_share:.0%} of the tokens)")
         elif guide is not None:
             notes.append(f"guided finish: {n - plan.reuse_step - predicted} of the {n - plan.reuse_step} "
                          f"steps after k* computed, {predicted} followed the stored trajectory")

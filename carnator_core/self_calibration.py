@@ -96,10 +96,14 @@ def measure_direction(request: FullRun, candidate: FullRun, new_run: Callable[[]
         run = new_run()
         x_k = candidate.record.snapshots[k].float()
         if bool(region.any()):
-            start, fill = fill_region(run, x_k, region, request.record.grid, request.x0_probe,
-                                      request.x_probe, p, k, settings.region_fill_calls)
+            filled = fill_region(run, x_k, region, request.record.grid, request.x0_probe,
+                                 request.x_probe, p, k, settings.region_fill_calls,
+                                 candidate.record.snapshots if settings.region_fill_on_m else None)
+            start, fill = filled.latent, {"fill_steps": round(filled.steps, 4)}
+            if settings.region_fill_on_m:  # as a hit of the calibrated model will fill it
+                fill.update(fill="on_m", fill_calls=filled.calls, fill_region_calls=filled.region_calls)
         else:
-            start, fill = run.boundary_from_sampler_space(x_k, k), 0
+            start, fill = run.boundary_from_sampler_space(x_k, k), {"fill_steps": 0}
         guide = guided_finish_for(run, stored_x0, k, finish)
         if finish and guide is None:
             continue  # nothing stored to guide it (cannot happen with snapshots recorded)
@@ -115,18 +119,19 @@ def measure_direction(request: FullRun, candidate: FullRun, new_run: Callable[[]
             how.update(region_steps=guide.region_steps if tokens else 0,
                        token_share=round(tokens.share, 4) if tokens else 0.0)
             run.compute_region(None)
-        inst["depths"].append({"k": k, "depth_fraction": k / steps, "fill_steps": fill,
+        inst["depths"].append({"k": k, "depth_fraction": k / steps, **fill,
                                **how, **outcome(final)})
     return inst
 
 
 def pair_id(pair: dict, seed: int, steps: int, finish_calls: int = 0, other_finish_calls: int = 0,
-            other_finish_region: bool = False) -> str:
+            other_finish_region: bool = False, fill_on_m: bool = False) -> str:
     """A measured pair's key in the progress file: a pair measured with other guided
-    finishes has other labels, so it is measured again (0 keeps the ids of older files)."""
+    finishes or another fill of M has other labels, so it is measured again (the defaults
+    keep the ids of older files)."""
     other = f"other-finish:{other_finish_calls}" + (":region" if other_finish_region else "")
     key = ([pair["a"], pair["b"], seed, steps] + ([f"finish:{finish_calls}"] if finish_calls else [])
-           + ([other] if other_finish_calls else []))
+           + ([other] if other_finish_calls else []) + (["fill:on_m"] if fill_on_m else []))
     return hashlib.sha256(json.dumps(key).encode()).hexdigest()[:16]
 
 
@@ -170,7 +175,7 @@ def measure(pairs: list[dict], make_run: Callable[[str, int], object], settings:
     Path(progress_file).parent.mkdir(parents=True, exist_ok=True)
     for i, pair in enumerate(pairs):
         pid = pair_id(pair, seed, steps, settings.same_scene_finish_calls, settings.other_finish_calls,
-                      settings.other_finish_region)
+                      settings.other_finish_region, settings.region_fill_on_m)
         if pid not in done:
             done[pid] = _measure_pair(pair, seed + int(pair["group"]), make_run, settings, tolerance,
                                       decode, region_threshold, snaps, p)
