@@ -113,9 +113,9 @@ def test_region_fill_follows_the_requests_own_trajectory(tiny_models, requests_i
     region = torch.zeros(probe.grid[0] * probe.grid[1] * probe.grid[2], dtype=torch.bool)
     region[: region.numel() // 3] = True
     calls = run.model_calls
-    start, spent = fill_region(run, stored.snapshots[k], region, probe.grid, probe.last_x0,
-                               x_probe, p, k, 2)
-    assert spent == 2 and run.model_calls - calls == 2
+    got = fill_region(run, stored.snapshots[k], region, probe.grid, probe.last_x0, x_probe, p, k, 2)
+    start = got.latent
+    assert got.calls == got.steps == 2 and not got.on_m and run.model_calls - calls == 2
     mask = tiles_to_latent_mask(region, probe.grid, run.latent_shape).bool().expand_as(start)
     own = run.jump(p, k, x_probe, 2)
     outside = run.boundary_from_sampler_space(stored.snapshots[k], k)
@@ -124,8 +124,8 @@ def test_region_fill_follows_the_requests_own_trajectory(tiny_models, requests_i
     torch.testing.assert_close(start[~mask], outside[~mask])
     # the free fill (calls=0) spends no model step
     calls = run.model_calls
-    _, spent = fill_region(run, stored.snapshots[k], region, probe.grid, probe.last_x0, x_probe, p, k, 0)
-    assert spent == 0 and run.model_calls == calls
+    got = fill_region(run, stored.snapshots[k], region, probe.grid, probe.last_x0, x_probe, p, k, 0)
+    assert got.steps == 0 and run.model_calls == calls
 
 
 def test_a_hit_counts_the_region_fill_steps(tiny_models, requests_in):

@@ -155,3 +155,114 @@ def test_a_region_is_refused_where_the_conditioning_adds_tokens(tiny_models, req
     with pytest.raises(ValueError, match="reference_latents"):
         run.compute_region(_mask(run.latent_shape))
     assert run.recorder.region is None
+
+
+# ---------------------------------------------------------------- the fill of region M on its tokens
+def test_the_fill_on_m_starts_its_segments_at_stored_snapshots():
+    from carnator_core.region_compute import fill_segment_starts
+    snaps = [4, 6, 8, 10, 12, 14, 16]
+    assert fill_segment_starts(2, 12, snaps) == [4, 8]   # the first after the probe, the middle
+    assert fill_segment_starts(1, 16, snaps) == [4, 10]
+    assert fill_segment_starts(2, 6, snaps) == [4]       # nothing between the first and k
+    assert fill_segment_starts(2, 4, snaps) == []        # nothing between the probe and k: coarse
+
+
+def _segment_counts(starts, k):
+    from carnator_core.region_compute import FILL_SEGMENT_STEPS
+    steps = [min(FILL_SEGMENT_STEPS, b - a) for a, b in zip(starts, starts[1:] + [k])]
+    return len(starts), sum(s - 1 for s in steps)
+
+
+def test_a_fill_on_m_computes_m_s_own_trajectory_among_the_stored_outside(tiny_models, requests_in):
+    """Region M filled by its own trajectory in segments (pipeline.fill_region with the
+    candidate's snapshots): a full call at each segment's start, M's tokens alone after it,
+    the outside the candidate's stored latent at each start and at k."""
+    from carnator_core.pipeline import TrajectoryRecord, fill_region
+    from carnator_core.region_compute import fill_segment_starts
+    from carnator_core.signature import tiles_to_latent_mask
+    model = tiny_models["wan21"]
+    run = requests_in.run_obj(model, "wan21", PROMPT, steps=20)
+    other = requests_in.run_obj(model, "wan21", PROMPT + " slowly", steps=20)
+    p, k, snaps = 2, 12, [4, 6, 8, 10, 12]
+    stored = TrajectoryRecord(other, snaps)
+    other.sample(0, other.steps, None, stored.on_step)
+    probe = TrajectoryRecord(run, [])
+    x_probe = run.sample(0, p, None, probe.on_step)
+    region = torch.zeros(probe.grid[0] * probe.grid[1] * probe.grid[2], dtype=torch.bool)
+    region[: region.numel() // 3] = True
+    starts = fill_segment_starts(p, k, snaps)
+    full_calls, region_calls = _segment_counts(starts, k)
+    assert starts == [4, 8] and (full_calls, region_calls) == (2, 2)
+
+    calls, regions = run.model_calls, run.recorder.region_calls
+    got = fill_region(run, stored.snapshots[k], region, probe.grid, probe.last_x0, x_probe, p, k, 2,
+                      stored.snapshots)
+    assert got.on_m and got.note == ""
+    assert (got.calls, got.region_calls) == (full_calls, region_calls)
+    assert run.model_calls - calls == full_calls and run.recorder.region_calls - regions == region_calls
+    assert 0 < got.token_share < 1 and got.steps == pytest.approx(2 + 2 * got.token_share)
+    assert run.recorder.region is None  # the next call computes every token again
+    mask = tiles_to_latent_mask(region, probe.grid, run.latent_shape).bool().expand_as(got.latent)
+    outside = run.boundary_from_sampler_space(stored.snapshots[k], k)
+    torch.testing.assert_close(got.latent[~mask], outside[~mask])
+    coarse = fill_region(run, stored.snapshots[k], region, probe.grid, probe.last_x0, x_probe, p, k, 2)
+    assert not torch.allclose(got.latent[mask], coarse.latent[mask], atol=1e-3)
+    # M was computed among the stored outside of the middle segment's start: change it there
+    # (outside M only) and M's fill changes
+    moved = dict(stored.snapshots)
+    moved[8] = stored.snapshots[8] + 0.5 * (~tiles_to_latent_mask(region, probe.grid, run.latent_shape).bool())
+    again = fill_region(run, stored.snapshots[k], region, probe.grid, probe.last_x0, x_probe, p, k, 2, moved)
+    torch.testing.assert_close(again.latent[~mask], got.latent[~mask])
+    assert not torch.allclose(again.latent[mask], got.latent[mask], atol=1e-4)
+    # no snapshot between the probe and k: the coarse fill
+    short = fill_region(run, stored.snapshots[4], region, probe.grid, probe.last_x0, x_probe, p, 4, 2,
+                        stored.snapshots)
+    assert not short.on_m and short.calls == 2
+
+
+def test_a_hit_fills_m_as_its_calibration_measured(tiny_models, requests_in):
+    """A calibration measured with the fill on M (RiskModel.region_fill_on_m): the hit fills
+    M that way — its full calls in the steps computed, its calls on M's tokens apart."""
+    from carnator_core.region_compute import fill_segment_starts
+    from test_guided_finish import _hit_plan
+    from carnator_core.gate import RiskModel
+    model = RiskModel(thresholds={"same_scene": {"0.5": 1e9}, "other": {"0.5": 1e9}},
+                      confidence=0.9, region_fill_on_m=True)
+    pipeline, pr, plan = _hit_plan(requests_in, tiny_models["wan21"], model)
+    assert plan.region_fraction > 0, "the related prompt must leave a region M to compute"
+    n, k = pr.run.steps, plan.reuse_step
+    starts = fill_segment_starts(pr.probe_steps, k, requests_in.settings.snapshot_steps(n))
+    assert starts, f"no snapshot between the probe and k*={k}: nothing on M to test"
+    full_calls, region_calls = _segment_counts(starts, k)
+    _, s = pipeline.reuse(pr, plan)
+    assert s.outcome == "hit" and s.steps_computed == pr.probe_steps + full_calls + (n - k)
+    assert s.region_calls == region_calls and 0 < s.region_token_share < 1
+    assert s.model_calls == s.steps_computed
+    assert "region M filled by its own trajectory" in s.text()
+
+
+def test_the_calibration_records_how_m_was_filled(tmp_path):
+    from carnator_core.calibration import measured_fill_on_m
+    from carnator_core.gate import RiskModel
+    edit = {"region_fraction": 0.2, "similarity_gap": 0.1}
+    same = {"region_fraction": 0.0, "similarity_gap": 0.0}
+    on_m = {"features": edit, "depths": [{"k": 4, "fill_steps": 2, "fill": "on_m"},
+                                         {"k": 8, "fill_steps": 2.5, "fill": "on_m"}]}
+    coarse = {"features": edit, "depths": [{"k": 8, "fill_steps": 2}]}
+    empty = {"features": same, "depths": [{"k": 8, "fill_steps": 0}]}
+    assert measured_fill_on_m([on_m, empty]) is True
+    assert measured_fill_on_m([coarse, empty]) is False
+    with pytest.raises(ValueError):
+        measured_fill_on_m([on_m, coarse])
+    path = tmp_path / "model.json"
+    RiskModel(region_fill_on_m=True).save(path)
+    assert RiskModel.load(path).region_fill_on_m
+
+
+def test_the_gate_counts_the_fill_on_m_at_m_s_share():
+    from carnator_core.gate import Plan, hit_saving
+    tiles = torch.zeros(8, dtype=torch.bool)
+    tiles[:2] = True  # M: a quarter of the tiles
+    plan = Plan(True, reuse_step=12, region_tiles=tiles)
+    assert hit_saving(plan, 20, 2, fill_calls=2) == pytest.approx(1 - (2 + 2 + 8) / 20)
+    assert hit_saving(plan, 20, 2, fill_calls=2, fill_on_m=True) == pytest.approx(1 - (2 + 2.5 + 8) / 20)
