@@ -63,8 +63,12 @@ def calibration_id(model: RiskModel) -> str:
         return "prior" if same_probe(model.probe_fraction, DEFAULT_PROBE_FRACTION) \
             else f"prior@probe{model.probe_fraction:g}"
     fields = asdict(model)
+    # fields added since at their old meaning leave the digest calibrations had before them,
+    # so the levels their audits tightened hold
     if same_probe(fields["probe_fraction"], DEFAULT_PROBE_FRACTION):
-        del fields["probe_fraction"]  # the digest calibrations had before the field: their levels hold
+        del fields["probe_fraction"]
+    if not fields["region_fill_on_m"]:
+        del fields["region_fill_on_m"]
     return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:16]
 
 
