@@ -146,7 +146,7 @@ def main(argv=None) -> dict:
                          "(ReuseSettings.region_fill_on_m; bench/region_fill_study.py)")
     ap.add_argument("--same-scene-groups-of", nargs="+", default=None, metavar="JSONL",
                     help="only the pair groups with same-scene evidence in these measurement files "
-                         "(re-measure them after changing the guided finish; merge with --replace-into)")
+                         "(re-measure them after changing the guided finish)")
     ap.add_argument("--other-finish-calls", type=int, default=None,
                     help="also measure other-evidence reuses with a guided finish of this many calls "
                          "(ReuseSettings.other_finish_calls; off by default, see "
