@@ -555,7 +555,7 @@ def fill_region(run, stored_x_k: torch.Tensor, region_tiles: torch.Tensor,
                 note = f"{e}: region M filled by coarse steps"
     if calls <= 0 or k <= probe_steps:
         own = run.boundary_from_sampler_space(run.renoise(x0_probe, k), k)
-        return Fill(torch.lerp(outside, own.to(outside.device), mask), note=note)
+        return Fill(torch.lerp(outside, own.to(outside.device), mask.to(outside.device)), note=note)
     own = run.jump(probe_steps, k, x_probe, calls)
     return Fill(torch.lerp(outside, own.to(outside.device), mask.to(outside.device)),
                 fill_steps(calls, k, probe_steps), note=note)
