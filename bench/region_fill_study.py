@@ -32,7 +32,6 @@ each pair at its cheapest (depth, finish) within 30 dB.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -46,7 +45,7 @@ for p in (os.path.join(REPO, "tests"), os.path.join(REPO, "bench"), REPO):
         sys.path.insert(0, p)
 
 from carnator_core.region_compute import FillSegment  # noqa: E402
-from region_finish_study import other_evidence_pairs  # noqa: E402
+from region_finish_study import other_evidence_pairs, pair_study_parser  # noqa: E402
 
 RESULTS = os.path.join(REPO, "bench", "results")
 DEPTHS = (8, 10, 12, 14, 16)
@@ -101,11 +100,7 @@ def fill_by_segments(run, mask, x_probe, x0_probe, p: int, k: int, segments, sto
 
 
 def main(argv=None) -> dict:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--steps", type=int, default=20)
-    ap.add_argument("--psnr-bound", type=float, default=30.0)
-    ap.add_argument("--scale", type=float, default=1.0, help="share of the pairs per kind (smoke runs)")
-    ap.add_argument("--out", default=os.path.join(RESULTS, "studies", "region_fill.json"))
+    ap = pair_study_parser(__doc__.splitlines()[0], "region_fill.json")
     ap.add_argument("--shard", default="0/1", metavar="I/N", help="only pairs i, i+N, … (run N in parallel)")
     ap.add_argument("--merge", nargs="+", default=None, metavar="JSON", help="summarise shards' files into --out")
     a = ap.parse_args(argv)

@@ -163,12 +163,18 @@ def calibration_verdict(guided_file: str, out: str) -> dict:
     return res
 
 
-def main(argv=None) -> dict:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def pair_study_parser(description: str, out_name: str) -> argparse.ArgumentParser:
+    """The options every study on ``other_evidence_pairs`` takes."""
+    ap = argparse.ArgumentParser(description=description)
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--psnr-bound", type=float, default=30.0)
     ap.add_argument("--scale", type=float, default=1.0, help="share of the pairs per kind (smoke runs)")
-    ap.add_argument("--out", default=os.path.join(RESULTS, "studies", "region_finish.json"))
+    ap.add_argument("--out", default=os.path.join(RESULTS, "studies", out_name))
+    return ap
+
+
+def main(argv=None) -> dict:
+    ap = pair_study_parser(__doc__.splitlines()[0], "region_finish.json")
     ap.add_argument("--variants", nargs="+", default=None,
                     help="only these finishes (every_step, guided, region, region_hold, tokens)")
     ap.add_argument("--calls", nargs="+", type=int, default=list(CALLS))
