@@ -36,6 +36,7 @@ for p in (os.path.join(REPO, "tests"), REPO):
         sys.path.insert(0, p)
 
 from carnator_core import calibration as CAL  # noqa: E402
+from carnator_core.gate import RISK_FORMS  # noqa: E402
 
 RESULTS = os.path.join(REPO, "bench", "results")
 BUDGETS = (0.02, 0.05, 0.1)
@@ -165,7 +166,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--easycache", type=float, default=None, metavar="THRESHOLD",
                     help="calibrate the model with ComfyUI's EasyCache applied at this threshold "
                          "(another fingerprint: what Carnator on an EasyCache'd model looks for)")
-    ap.add_argument("--form", choices=("linear", "interaction"), default="interaction",
+    ap.add_argument("--form", choices=RISK_FORMS, default="interaction",
                     help="risk model form (carnator_core.gate.RiskModel.fit)")
     a = ap.parse_args(argv)
 

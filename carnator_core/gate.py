@@ -70,6 +70,13 @@ def evidence_class(features: dict[str, float]) -> str:
 
 
 INTERACTION_EVIDENCE_SCALE = 0.01  # s(e) = log(1 + e/0.01): 0.4% of tiles and 15% far apart
+# The evidence whose weights the signed form leaves free in sign. When M is filled on its own
+# tokens (pipeline.fill_region), what M covers the request computes itself: the risk sits in
+# what the probe did not put in M, so a larger M is *safer* (calibration: beyond tolerance at
+# k = 12 of 20, 19% of other-evidence pairs with M under 5% of the tiles, 4% with M over 20%),
+# and a monotone fit pins these weights at 0. Disagreement outside M and depth stay monotone.
+SIGNED_FREE = ("region_fraction", "similarity_gap")
+RISK_FORMS = ("linear", "interaction", "signed")
 
 
 DEFAULT_PROBE_FRACTION = 0.1  # ReuseSettings' default; a calibration file without a probe is this one's
@@ -111,7 +118,9 @@ class RiskModel:
     where the early evidence agrees (a paraphrase, a repeat) and a lot where it does not (an
     edit), with s(e) = log(1 + e/``evidence_scale``): evidence spans orders of magnitude — a
     paraphrase moves 0.4% of the tiles, an edit 15%. Its weights are all ≥ 0, so predicted
-    risk never falls as reuse gets deeper or the evidence disagrees more.
+    risk never falls as reuse gets deeper or the evidence disagrees more. The ``signed`` form
+    is the same function with the weights of M's size and the text gap free in sign (see
+    ``SIGNED_FREE``); depth and the disagreement outside M stay ≥ 0.
     """
 
     weights: dict[str, float] = field(default_factory=lambda: {
@@ -232,15 +241,18 @@ class RiskModel:
         risk). It reuses much deeper, but on the tiny world its false-accept rate exceeded α
         on the serve workload (README, Results), so it is opt-in.
         """
-        if form not in ("linear", "interaction"):
-            raise ValueError(f"unknown risk model form {form!r}")
-        fit_form = cls._fit_linear if form == "linear" else cls._fit_interaction
+        if form not in RISK_FORMS:
+            raise ValueError(f"unknown risk model form {form!r} (one of {', '.join(RISK_FORMS)})")
         # ComfyUI runs nodes under inference mode; the fit needs gradients
         with torch.inference_mode(False), torch.enable_grad():
-            return fit_form(rows, labels, region_threshold, iters, lr, l2)
+            if form == "linear":
+                return cls._fit_linear(rows, labels, region_threshold, iters, lr, l2)
+            free = SIGNED_FREE if form == "signed" else ()
+            return cls._fit_interaction(rows, labels, region_threshold, iters, lr, l2, free)
 
     @classmethod
-    def _fit_interaction(cls, rows, labels, region_threshold, iters, lr, l2) -> "RiskModel":
+    def _fit_interaction(cls, rows, labels, region_threshold, iters, lr, l2,
+                         free: tuple[str, ...] = ()) -> "RiskModel":
         scale = INTERACTION_EVIDENCE_SCALE
         rows = [cls(weights={}, evidence_scale=scale).scaled(r) for r in rows]
         cols = [[r[k] for k in FEATURES] + [r["depth_fraction"] * r[k] for k in EVIDENCE]
@@ -249,7 +261,9 @@ class RiskModel:
         y = torch.tensor(labels, dtype=torch.float64)
         mean = x.mean(0)
         std = x.std(0).clamp_min(1e-9) if len(rows) > 1 else torch.ones_like(mean)
-        w, b = _logistic((x - mean) / std, y, l2, iters, lr, nonnegative=True)
+        # a column's weight stays ≥ 0 unless its evidence is free (main and depth terms alike)
+        monotone = torch.tensor([k not in free for k in (*FEATURES, *EVIDENCE)])
+        w, b = _logistic((x - mean) / std, y, l2, iters, lr, nonnegative=monotone)
         w = w / std  # back to the raw feature scale the gate uses
         bias = float(b - (w * mean).sum())
         n = len(FEATURES)
@@ -269,19 +283,18 @@ class RiskModel:
 
 
 def _logistic(x: torch.Tensor, y: torch.Tensor, l2: float, iters: int, lr: float,
-              nonnegative: bool) -> tuple[torch.Tensor, float]:
-    """L2-penalised logistic regression by LBFGS: (weights, bias). ``nonnegative`` keeps the
-    weights ≥ 0 through a softplus (with a strong-Wolfe line search, which that needs)."""
+              nonnegative: bool | torch.Tensor) -> tuple[torch.Tensor, float]:
+    """L2-penalised logistic regression by LBFGS: (weights, bias). ``nonnegative`` (for all
+    columns, or a boolean mask per column) keeps those weights ≥ 0 through a softplus (with a
+    strong-Wolfe line search, which that needs)."""
     dtype = torch.float64
-    if nonnegative:
-        raw = torch.full((x.shape[1],), -2.0, dtype=dtype, requires_grad=True)
-        weights = lambda: torch.nn.functional.softplus(raw)  # noqa: E731
-    else:
-        raw = torch.zeros(x.shape[1], dtype=dtype, requires_grad=True)
-        weights = lambda: raw  # noqa: E731
+    mask = torch.as_tensor(nonnegative, dtype=torch.bool).expand(x.shape[1])
+    raw = torch.where(mask, torch.tensor(-2.0, dtype=dtype),
+                      torch.tensor(0.0, dtype=dtype)).requires_grad_(True)
+    weights = lambda: torch.where(mask, torch.nn.functional.softplus(raw), raw)  # noqa: E731
     b = torch.zeros((), dtype=dtype, requires_grad=True)
     opt = torch.optim.LBFGS([raw, b], lr=lr, max_iter=iters,
-                            line_search_fn="strong_wolfe" if nonnegative else None)
+                            line_search_fn="strong_wolfe" if bool(mask.any()) else None)
 
     def closure():
         opt.zero_grad()

@@ -110,3 +110,34 @@ def test_evidence_class_reads_only_the_evidence():
     edit = {"region_fraction": 0.15, "similarity_gap": 0.002}
     far = {"region_fraction": 0.0, "similarity_gap": 0.1}
     assert [evidence_class(f) for f in (paraphrase, edit, far)] == ["same_scene", "other", "other"]
+
+
+def test_signed_form_learns_that_a_larger_region_is_safer():
+    """When M is computed by the request itself, the risk sits in what M missed: synthetic
+    edits whose failures fall with M's size. The monotone form must pin M's weights at 0;
+    the signed form learns them negative, keeps depth and outside disagreement monotone, and
+    its certified gate lets the large-M edit go deeper than the small-M one."""
+    rng = random.Random(5)
+
+    def edit(m, labels):
+        feats = {"outside_mean": 0.05, "outside_max": 0.3, "region_fraction": m, "similarity_gap": 0.1}
+        return {"kind": "edit", "features": {**feats, "depth_fraction": 0.0},
+                "depths": [{"k": k, "depth_fraction": k / 20, "label": y} for k, y in zip((4, 8, 12, 16), labels)]}
+
+    def draw(i):
+        m = (0.02, 0.3)[i % 2]
+        fail = (0.0, 0.3, 0.6, 0.9) if m < 0.1 else (0.0, 0.0, 0.01, 0.4)  # per depth
+        return edit(m, [int(rng.random() < f) for f in fail])
+    fit_set = [draw(i) for i in range(400)]
+    cert_set = [draw(i) for i in range(1200)]
+    mono = CAL.fit(fit_set, 0.35, form="interaction")
+    signed = CAL.fit(fit_set, 0.35, form="signed")
+    assert mono.weights["region_fraction"] == pytest.approx(0, abs=1e-3)
+    assert mono.depth_weights["region_fraction"] == pytest.approx(0, abs=1e-3)
+    region_effect = signed.weights["region_fraction"] + 0.6 * signed.depth_weights["region_fraction"]
+    assert region_effect < -0.1, signed
+    assert signed.weights["depth_fraction"] >= 0 and signed.weights["outside_mean"] >= 0
+    assert min(signed.depth_weights[k] for k in ("outside_mean", "outside_max")) >= 0
+    CAL.certify_model(signed, cert_set, delta=0.1)
+    small, large = (CAL.gate_decision(signed, edit(m, [0] * 4), 0.05) for m in (0.02, 0.3))
+    assert small is not None and large is not None and large["k"] > small["k"], (small, large)
