@@ -47,6 +47,26 @@ def group_of(line: dict):
     return line.get("group", line["seed"])
 
 
+def with_same_scene_from(measured: list[dict], base: list[dict]) -> list[dict]:
+    """``base``'s instances with their other-evidence directions replaced by ``measured``'s
+    (``--other-evidence-of``): a direction of base without its measured twin is an error."""
+    from carnator_core.gate import evidence_class
+    key = lambda i: (str(i["group"]), i["prompt"], i["candidate_prompt"])  # noqa: E731
+    other = {key(i): i for i in measured if evidence_class(i["features"]) == "other"}
+    out = []
+    for inst in base:
+        if evidence_class(inst["features"]) != "other":
+            out.append(inst)
+        elif key(inst) in other:
+            out.append(other.pop(key(inst)))
+        else:
+            raise SystemExit(f"pair group {inst['group']} ({inst['prompt']!r}) has other evidence but "
+                             "was not measured again: measure every shard of --other-evidence-of")
+    if other:
+        raise SystemExit(f"{len(other)} measured directions are not in the --same-scene-from files")
+    return out
+
+
 def measure_pairs(world, lines: list[dict], settings, psnr_bound: float, region_threshold: float,
                   log=print, finishes=None) -> list[dict]:
     """Instances (see carnator_core.calibration) for every pair, both directions: the
@@ -145,9 +165,19 @@ def main(argv=None) -> dict:
     ap.add_argument("--fill-on-m", action="store_true",
                     help="fill region M by its own trajectory computed on its tokens "
                          "(ReuseSettings.region_fill_on_m; bench/region_fill_study.py)")
+    ap.add_argument("--region-margin", type=int, default=0, metavar="TILES",
+                    help="widen region M of other evidence by this many tiles in space and time "
+                         "before measuring (ReuseSettings.region_margin; bench/region_dilation_study.py)")
     ap.add_argument("--same-scene-groups-of", nargs="+", default=None, metavar="JSONL",
                     help="only the pair groups with same-scene evidence in these measurement files "
                          "(re-measure them after changing the guided finish)")
+    ap.add_argument("--other-evidence-of", nargs="+", default=None, metavar="JSONL",
+                    help="measure only the other-evidence reuses of the pair groups that have any in "
+                         "these measurement files (after changing how edits are filled); re-fit "
+                         "with --instances and --same-scene-from")
+    ap.add_argument("--same-scene-from", nargs="+", default=None, metavar="JSONL",
+                    help="with --instances: every direction but the other-evidence ones measured "
+                         "there, taken from these measurement files")
     ap.add_argument("--other-finish-calls", type=int, default=None,
                     help="also measure other-evidence reuses with a guided finish of this many calls "
                          "(ReuseSettings.other_finish_calls; off by default, see "
@@ -183,6 +213,7 @@ def main(argv=None) -> dict:
     if a.fill_calls is not None:
         settings.region_fill_calls = a.fill_calls
     settings.region_fill_on_m = a.fill_on_m
+    settings.region_margin = a.region_margin
     if a.other_finish_calls is not None:
         settings.other_finish_calls = a.other_finish_calls
     settings.other_finish_region = a.other_finish_region
@@ -194,6 +225,9 @@ def main(argv=None) -> dict:
     t0 = time.time()
     if a.instances:
         instances = [i for path in a.instances for i in CAL.load_instances(path)]
+        if a.same_scene_from:
+            instances = with_same_scene_from(instances, [i for path in a.same_scene_from
+                                                         for i in CAL.load_instances(path)])
     else:
         _, lines = load_workload(a.workload)
         if a.kinds:
@@ -204,6 +238,11 @@ def main(argv=None) -> dict:
             from carnator_core.gate import evidence_class
             keep = {str(i["group"]) for path in a.same_scene_groups_of for i in CAL.load_instances(path)
                     if evidence_class(i["features"]) == "same_scene"}
+            lines = [ln for ln in lines if str(group_of(ln)) in keep]
+        if a.other_evidence_of:
+            from carnator_core.gate import evidence_class
+            keep = {str(i["group"]) for path in a.other_evidence_of for i in CAL.load_instances(path)
+                    if evidence_class(i["features"]) == "other"}
             lines = [ln for ln in lines if str(group_of(ln)) in keep]
         groups = list(dict.fromkeys(group_of(ln) for ln in lines))
         if a.limit_pairs:
@@ -217,7 +256,12 @@ def main(argv=None) -> dict:
                                           a.add_guided_finish)
         else:
             print(f"measuring {len(lines)} requests …", flush=True)
-            instances = measure_pairs(world, lines, settings, a.psnr_bound, region_threshold)
+            finishes = None
+            if a.other_evidence_of:  # same-scene directions: no reuse measured (taken as they were)
+                finishes = lambda klass: ([0] + [c for c in [settings.finish_calls_for(klass)] if c]
+                                          if klass == "other" else [])  # noqa: E731
+            instances = measure_pairs(world, lines, settings, a.psnr_bound, region_threshold,
+                                      finishes=finishes)
         CAL.save_instances(instances, meas_path)
     max_region = settings.gate.max_region_fraction
     model, fitted = CAL.fit_and_certify(instances, region_threshold, delta=a.delta, holdout=a.holdout,

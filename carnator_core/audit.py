@@ -67,8 +67,9 @@ def calibration_id(model: RiskModel) -> str:
     # so the levels their audits tightened hold
     if same_probe(fields["probe_fraction"], DEFAULT_PROBE_FRACTION):
         del fields["probe_fraction"]
-    if not fields["region_fill_on_m"]:
-        del fields["region_fill_on_m"]
+    for name in ("region_fill_on_m", "region_margin"):
+        if not fields[name]:
+            del fields[name]
     return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:16]
 
 

@@ -186,6 +186,7 @@ def fit_and_certify(instances: list[dict], region_threshold: float, delta: float
     model.finish_calls = measured_finish(instances)
     model.finish_region = measured_region_finish(instances)
     model.region_fill_on_m = measured_fill_on_m(instances)
+    model.region_margin = measured_region_margin(instances)
     certification = certify_model(model, held, delta=delta, max_region_fraction=max_region_fraction)
     model.source += (f"; thresholds certified by Learn-then-Test on {certification['instances']} "
                      f"held-out pairs at {1 - delta:.0%} confidence")
@@ -245,6 +246,19 @@ def measured_fill_on_m(instances: list[dict]) -> bool:
         raise ValueError("region M was filled by its own trajectory in some measured reuses and by "
                          "coarse steps in others: measure the calibration one way")
     return seen == {True}
+
+
+def measured_region_margin(instances: list[dict]) -> int:
+    """Tiles by which region M was widened in the measured reuses (depths carrying
+    ``margin``; gate.reuse_region widens only other evidence's M). Only those reuses tell;
+    some each way is an error."""
+    seen = {int(d.get("margin", 0)) for inst in instances
+            if inst["features"]["region_fraction"] > 0 and evidence_class(inst["features"]) == "other"
+            for d in inst["depths"]}
+    if len(seen) > 1:
+        raise ValueError(f"region M was widened by {sorted(seen)} tiles in different measured "
+                         "reuses: measure the calibration one way")
+    return seen.pop() if seen else 0
 
 
 def calibration_path(cache_folder: str | Path, model_fingerprint: str,

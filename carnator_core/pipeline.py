@@ -52,6 +52,10 @@ class ReuseSettings:
     # its tokens (pipeline.fill_region's ``stored``; Wan-layout models). A hit fills M the way
     # its model's calibration measured it (RiskModel.region_fill_on_m), whatever this says.
     region_fill_on_m: bool = False
+    # Tiles by which a calibration widens region M for other evidence before it measures
+    # reuses (gate.reuse_region); a hit widens it as its calibration measured
+    # (RiskModel.region_margin), whatever this says.
+    region_margin: int = 0
     gate: GateSettings = field(default_factory=GateSettings)
     sparse: SparseSettings = field(default_factory=SparseSettings)
     store: bool = True

@@ -24,7 +24,7 @@ from typing import Callable
 
 import torch
 
-from .gate import RiskModel, evidence, evidence_class
+from .gate import RiskModel, evidence, evidence_class, reuse_region
 from .pipeline import ReuseSettings, TrajectoryRecord, fill_region, guided_finish_for
 from .region_compute import RegionFinish
 from .signature import tiles_to_latent_mask
@@ -86,6 +86,7 @@ def measure_direction(request: FullRun, candidate: FullRun, new_run: Callable[[]
     # a reuse is measured finished every step and by its class's guided finish: the gate
     # certifies both and runs whichever computes less at the budget
     klass = evidence_class(feats)
+    region = reuse_region(feats, region, request.record.grid, settings.region_margin)
     if finishes is None:
         calls = settings.finish_calls_for(klass)
         chosen = [0, calls] if calls else [0]
@@ -102,6 +103,8 @@ def measure_direction(request: FullRun, candidate: FullRun, new_run: Callable[[]
             start, fill = filled.latent, {"fill_steps": round(filled.steps, 4)}
             if settings.region_fill_on_m:  # as a hit of the calibrated model will fill it
                 fill.update(fill="on_m", fill_calls=filled.calls, fill_region_calls=filled.region_calls)
+            if settings.region_margin and klass == "other":
+                fill["margin"] = settings.region_margin
         else:
             start, fill = run.boundary_from_sampler_space(x_k, k), {"fill_steps": 0}
         guide = guided_finish_for(run, stored_x0, k, finish)
@@ -125,13 +128,14 @@ def measure_direction(request: FullRun, candidate: FullRun, new_run: Callable[[]
 
 
 def pair_id(pair: dict, seed: int, steps: int, finish_calls: int = 0, other_finish_calls: int = 0,
-            other_finish_region: bool = False, fill_on_m: bool = False) -> str:
+            other_finish_region: bool = False, fill_on_m: bool = False, margin: int = 0) -> str:
     """A measured pair's key in the progress file: a pair measured with other guided
     finishes or another fill of M has other labels, so it is measured again (the defaults
     keep the ids of older files)."""
     other = f"other-finish:{other_finish_calls}" + (":region" if other_finish_region else "")
     key = ([pair["a"], pair["b"], seed, steps] + ([f"finish:{finish_calls}"] if finish_calls else [])
-           + ([other] if other_finish_calls else []) + (["fill:on_m"] if fill_on_m else []))
+           + ([other] if other_finish_calls else []) + (["fill:on_m"] if fill_on_m else [])
+           + ([f"margin:{margin}"] if margin else []))
     return hashlib.sha256(json.dumps(key).encode()).hexdigest()[:16]
 
 
@@ -175,7 +179,7 @@ def measure(pairs: list[dict], make_run: Callable[[str, int], object], settings:
     Path(progress_file).parent.mkdir(parents=True, exist_ok=True)
     for i, pair in enumerate(pairs):
         pid = pair_id(pair, seed, steps, settings.same_scene_finish_calls, settings.other_finish_calls,
-                      settings.other_finish_region, settings.region_fill_on_m)
+                      settings.other_finish_region, settings.region_fill_on_m, settings.region_margin)
         if pid not in done:
             done[pid] = _measure_pair(pair, seed + int(pair["group"]), make_run, settings, tolerance,
                                       decode, region_threshold, snaps, p)

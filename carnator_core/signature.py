@@ -123,6 +123,16 @@ def tile_deviation(new: EarlySignature, old: EarlySignature) -> torch.Tensor:
     return torch.maximum(dx, df)
 
 
+def widen_tiles(tile_mask: torch.Tensor, grid: tuple[int, int, int], margin: int) -> torch.Tensor:
+    """Boolean (tiles,) region → the same widened by ``margin`` tiles in every direction of
+    the (frames, rows, cols) grid."""
+    if margin <= 0:
+        return tile_mask
+    vol = tile_mask.float().reshape(1, 1, *grid)
+    size = 2 * margin + 1
+    return F.max_pool3d(vol, size, stride=1, padding=margin).reshape(-1) > 0.5
+
+
 def tiles_to_latent_mask(tile_mask: torch.Tensor, grid: tuple[int, int, int],
                          latent_shape: tuple[int, ...]) -> torch.Tensor:
     """Boolean (tiles,) region → float (1, 1, T, H, W) mask on the latent grid."""
