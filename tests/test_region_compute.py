@@ -266,3 +266,72 @@ def test_the_gate_counts_the_fill_on_m_at_m_s_share():
     plan = Plan(True, reuse_step=12, region_tiles=tiles)
     assert hit_saving(plan, 20, 2, fill_calls=2) == pytest.approx(1 - (2 + 2 + 8) / 20)
     assert hit_saving(plan, 20, 2, fill_calls=2, fill_on_m=True) == pytest.approx(1 - (2 + 2.5 + 8) / 20)
+
+
+def test_widen_tiles_grows_the_region_by_its_margin_in_space_and_time():
+    from carnator_core.gate import reuse_region
+    from carnator_core.signature import widen_tiles
+    grid = (3, 5, 5)
+    one = torch.zeros(grid, dtype=torch.bool)
+    one[1, 2, 2] = True
+    wide = widen_tiles(one.reshape(-1), grid, 1).reshape(grid)
+    assert int(wide.sum()) == 27 and bool(wide[0:3, 1:4, 1:4].all())  # a 3×3×3 block
+    corner = torch.zeros(grid, dtype=torch.bool)
+    corner[0, 0, 0] = True
+    assert int(widen_tiles(corner.reshape(-1), grid, 1).sum()) == 8  # clipped at the grid's edges
+    assert torch.equal(widen_tiles(one.reshape(-1), grid, 0), one.reshape(-1))
+    edit = {"region_fraction": 1 / 75, "similarity_gap": 0.1}
+    same = {"region_fraction": 1 / 75, "similarity_gap": 0.0}
+    assert int(reuse_region(edit, one.reshape(-1), grid, 1).sum()) == 27
+    assert torch.equal(reuse_region(same, one.reshape(-1), grid, 1), one.reshape(-1))  # paraphrases keep M
+    assert torch.equal(reuse_region(edit, one.reshape(-1), grid, 0), one.reshape(-1))
+
+
+def test_the_calibration_records_the_margin_m_was_widened_by(tmp_path):
+    from carnator_core.calibration import measured_region_margin
+    from carnator_core.gate import RiskModel
+    edit = {"region_fraction": 0.2, "similarity_gap": 0.1}
+    same = {"region_fraction": 0.01, "similarity_gap": 0.0}
+    wide = {"features": edit, "depths": [{"k": 8, "fill": "on_m", "margin": 1}]}
+    narrow = {"features": edit, "depths": [{"k": 8, "fill": "on_m"}]}
+    paraphrase = {"features": same, "depths": [{"k": 8}]}  # never widened: does not tell
+    assert measured_region_margin([wide, paraphrase]) == 1
+    assert measured_region_margin([narrow, paraphrase]) == 0
+    with pytest.raises(ValueError, match="widened"):
+        measured_region_margin([wide, narrow])
+    path = tmp_path / "model.json"
+    RiskModel(region_margin=1).save(path)
+    assert RiskModel.load(path).region_margin == 1
+
+
+def test_a_hit_widens_m_as_its_calibration_measured(tiny_models, requests_in):
+    """A calibration measured with region M widened (RiskModel.region_margin): the gate's plan
+    carries the widened M — the probe's M and a ring around it — while the evidence still
+    describes the probe's M, and the hit fills the widened M on its tokens."""
+    from carnator_core.gate import RiskModel, evidence_class
+    from carnator_core.signature import tiles_to_latent_mask, widen_tiles
+    from test_guided_finish import _hit_plan
+    model = RiskModel(thresholds={"same_scene": {"0.5": 1e9}, "other": {"0.5": 1e9}},
+                      confidence=0.9, region_fill_on_m=True, region_margin=1)
+    # (the tiny random model's M is sparse and the widened one half the frame: the test is
+    # about which tokens are computed, so any saving will do)
+    pipeline, pr, plan = _hit_plan(requests_in, tiny_models["wan21"], model, min_saving=-1.0)
+    assert evidence_class(plan.features) == "other"
+    grid = pr.record.grid
+    detected = plan.features["region_fraction"]  # the evidence: the probe's own M
+    assert 0 < detected < plan.region_fraction, (detected, plan.region_fraction)
+    # the plan's M is a union of 3×3×3 blocks: eroding it and widening again gives it back
+    core = ~widen_tiles(~plan.region_tiles, grid, 1)
+    assert torch.equal(widen_tiles(core, grid, 1), plan.region_tiles)
+    mask = tiles_to_latent_mask(plan.region_tiles, grid, pr.run.latent_shape)
+    share = pr.run.compute_region(mask).share
+    pr.run.compute_region(None)
+    from carnator_core.region_compute import fill_segment_starts
+    n, k = pr.run.steps, plan.reuse_step
+    starts = fill_segment_starts(pr.probe_steps, k, requests_in.settings.snapshot_steps(n))
+    assert starts, f"no snapshot between the probe and k*={k}: nothing on M to test"
+    full_calls, region_calls = _segment_counts(starts, k)
+    _, s = pipeline.reuse(pr, plan)
+    assert s.outcome == "hit" and s.steps_computed == pr.probe_steps + full_calls + (n - k)
+    assert s.region_calls == region_calls
+    assert s.region_token_share == pytest.approx(share)  # the fill ran on the widened M
