@@ -40,6 +40,7 @@ import copy
 import json
 import math
 import os
+import random
 import shutil
 import sys
 import tempfile
@@ -240,6 +241,26 @@ def measured_ratio(recs: list[dict]) -> float | None:
     return sum(r["steps_total"] for r in recs) / done if done > 0 else None
 
 
+def session_interval(recs: list[dict], failed, resamples: int = 2000, seed: int = 0) -> list[float] | None:
+    """95% percentile interval of the failure rate over ``recs`` when whole sessions are
+    resampled (records of one session share a seed and its sources, so their outcomes are not
+    independent, as Clopper–Pearson assumes). None without session ids."""
+    sessions: dict = {}
+    for r in recs:
+        if r.get("session") is None:
+            return None
+        s = sessions.setdefault(r["session"], [0, 0])
+        s[0], s[1] = s[0] + 1, s[1] + int(failed(r))
+    if len(sessions) < 2:
+        return None
+    rng, groups, rates = random.Random(seed), list(sessions.values()), []
+    for _ in range(resamples):
+        pick = [rng.choice(groups) for _ in groups]
+        rates.append(sum(f for _, f in pick) / sum(n for n, _ in pick))
+    rates.sort()
+    return [rates[int(0.025 * resamples)], rates[int(0.975 * resamples) - 1]]
+
+
 def metrics(recs: list[dict], psnr_bound: float) -> dict:
     n = len(recs)
 
@@ -267,6 +288,8 @@ def metrics(recs: list[dict], psnr_bound: float) -> dict:
     return {
         "false_accept_ci95": [clopper_pearson_lower(n_fa, len(acc), 0.025),
                               clopper_pearson_upper(n_fa, len(acc), 0.025)] if acc else None,
+        # the same with whole sessions resampled (editing workloads; None elsewhere)
+        "false_accept_ci95_sessions": session_interval(acc, fa) if acc else None,
         "same_scene_hit_rate": len(same) / n if n else 0.0,
         "steps_speedup_same_scene_hits": ratio(same, "steps_total", "steps_computed"),
         "steps_speedup_other_hits": ratio(other, "steps_total", "steps_computed"),
@@ -467,6 +490,7 @@ def run_carnator(world: World, lines, refs, budget, risk_model_path, psnr_bound,
                      "region_calls": s.region_calls, "reuse_step": s.reuse_step, "risk": s.risk,
                      "sparse_calls": s.sparse_calls, "sparse_density": s.sparse_density,
                      "region_fraction": s.region_fraction, "edit": ln.get("edit") or ln.get("kind"),
+                     "session": ln.get("session"),
                      "entry_id": s.entry_id, "stored_id": s.stored_id,
                      "same_scene": (same_scene(ln["scene"], scene_of[s.entry_id])
                                     if s.outcome == "hit" and s.entry_id in scene_of else None)})

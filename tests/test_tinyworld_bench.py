@@ -263,3 +263,19 @@ def test_compose_report_reads_easycache_only_at_the_run_s_step_count(tmp_path):
     # the 20-step sweeps of both files make one curve: 0.04 brackets 40 dB exactly
     assert [r["threshold"] for r in out["easycache_alone"]["serve"]] == [0.05, 0.04, 0.02]
     assert all(r["easycache_alone_at_this_psnr"] == pytest.approx(1.5) for r in out["rows"])
+
+
+def test_the_session_interval_widens_when_failures_cluster_in_sessions():
+    """Records of one editing session share a seed and its sources: an interval that resamples
+    whole sessions must be wider when the same failure count sits in few sessions."""
+    b = _bench()
+
+    def recs(failures_by_session):
+        return [{"session": s, "failed": i < f} for s, f in enumerate(failures_by_session) for i in range(10)]
+    spread = recs([1] * 10)                # 10 failures in 100 records, one per session
+    clustered = recs([5, 5] + [0] * 8)     # the same 10, in two sessions
+    lo_s, hi_s = b.session_interval(spread, lambda r: r["failed"])
+    lo_c, hi_c = b.session_interval(clustered, lambda r: r["failed"])
+    assert lo_s == hi_s == pytest.approx(0.1)  # every session alike: nothing to resample
+    assert lo_c < 0.05 and hi_c > 0.15 and lo_c <= 0.1 <= hi_c
+    assert b.session_interval([{"failed": True}], lambda r: r["failed"]) is None  # no sessions
