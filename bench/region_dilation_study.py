@@ -34,7 +34,7 @@ for p in (os.path.join(REPO, "tests"), os.path.join(REPO, "bench"), REPO):
     if p not in sys.path:
         sys.path.insert(0, p)
 
-from region_finish_study import other_evidence_pairs, pair_study_parser  # noqa: E402
+from region_finish_study import merged_shards, other_evidence_pairs, pair_study_parser  # noqa: E402
 
 DEPTHS = (12, 14, 16)
 VARIANTS = {"m": None, "m+1": (1, 3, 3), "m+1t": (3, 3, 3)}  # max-pool kernel on the tile grid
@@ -61,15 +61,10 @@ def error_shares(final: torch.Tensor, reference: torch.Tensor, mask: torch.Tenso
 
 
 def main(argv=None) -> dict:
-    ap = pair_study_parser(__doc__.splitlines()[0], "region_dilation.json")
-    ap.add_argument("--shard", default="0/1", metavar="I/N", help="only pairs i, i+N, … (run N in parallel)")
-    ap.add_argument("--merge", nargs="+", default=None, metavar="JSON", help="summarise shards' files into --out")
+    ap = pair_study_parser(__doc__.splitlines()[0], "region_dilation.json", sharded=True)
     a = ap.parse_args(argv)
     if a.merge:
-        parts = [json.load(open(f)) for f in a.merge]
-        rows = [r for part in parts for r in part["pairs"]]
-        return write({**parts[0], "pairs": rows, "summary": summarise(rows), "merged": a.merge,
-                      "seconds": sum(part["seconds"] for part in parts)}, a.out)
+        return write(merged_shards(a.merge, lambda rows, first: summarise(rows)), a.out)
     shard, shards = (int(x) for x in a.shard.split("/"))
     from calibrate import _load_bench
     bench = _load_bench()

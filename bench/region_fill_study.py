@@ -45,7 +45,7 @@ for p in (os.path.join(REPO, "tests"), os.path.join(REPO, "bench"), REPO):
         sys.path.insert(0, p)
 
 from carnator_core.region_compute import FillSegment  # noqa: E402
-from region_finish_study import other_evidence_pairs, pair_study_parser  # noqa: E402
+from region_finish_study import merged_shards, other_evidence_pairs, pair_study_parser  # noqa: E402
 
 RESULTS = os.path.join(REPO, "bench", "results")
 DEPTHS = (8, 10, 12, 14, 16)
@@ -100,16 +100,11 @@ def fill_by_segments(run, mask, x_probe, x0_probe, p: int, k: int, segments, sto
 
 
 def main(argv=None) -> dict:
-    ap = pair_study_parser(__doc__.splitlines()[0], "region_fill.json")
-    ap.add_argument("--shard", default="0/1", metavar="I/N", help="only pairs i, i+N, … (run N in parallel)")
-    ap.add_argument("--merge", nargs="+", default=None, metavar="JSON", help="summarise shards' files into --out")
+    ap = pair_study_parser(__doc__.splitlines()[0], "region_fill.json", sharded=True)
     a = ap.parse_args(argv)
     if a.merge:
-        parts = [json.load(open(f)) for f in a.merge]
-        rows = [r for part in parts for r in part["pairs"]]
-        res = {**parts[0], "pairs": rows, "summary": summarise(rows, parts[0]["depths"], parts[0]["steps"]),
-               "seconds": sum(part["seconds"] for part in parts), "merged": a.merge}
-        return write(res, a.out)
+        return write(merged_shards(a.merge, lambda rows, first: summarise(rows, first["depths"], first["steps"])),
+                     a.out)
     shard, shards = (int(x) for x in a.shard.split("/"))
     from calibrate import _load_bench
     bench = _load_bench()

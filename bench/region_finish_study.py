@@ -163,14 +163,27 @@ def calibration_verdict(guided_file: str, out: str) -> dict:
     return res
 
 
-def pair_study_parser(description: str, out_name: str) -> argparse.ArgumentParser:
-    """The options every study on ``other_evidence_pairs`` takes."""
+def pair_study_parser(description: str, out_name: str, sharded: bool = False) -> argparse.ArgumentParser:
+    """The options every study on ``other_evidence_pairs`` takes (``sharded``: run in parts
+    and merge them, see ``merged_shards``)."""
     ap = argparse.ArgumentParser(description=description)
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--psnr-bound", type=float, default=30.0)
     ap.add_argument("--scale", type=float, default=1.0, help="share of the pairs per kind (smoke runs)")
     ap.add_argument("--out", default=os.path.join(RESULTS, "studies", out_name))
+    if sharded:
+        ap.add_argument("--shard", default="0/1", metavar="I/N", help="only pairs i, i+N, … (run N in parallel)")
+        ap.add_argument("--merge", nargs="+", default=None, metavar="JSON", help="summarise shards' files into --out")
     return ap
+
+
+def merged_shards(paths: list[str], summarise) -> dict:
+    """The shards' result files as one: their pairs together, ``summarise(pairs, first part)``
+    again, their seconds added."""
+    parts = [json.load(open(f)) for f in paths]
+    rows = [r for part in parts for r in part["pairs"]]
+    return {**parts[0], "pairs": rows, "summary": summarise(rows, parts[0]), "merged": paths,
+            "seconds": sum(part["seconds"] for part in parts)}
 
 
 def main(argv=None) -> dict:

@@ -223,22 +223,29 @@ def test_a_fill_on_m_computes_m_s_own_trajectory_among_the_stored_outside(tiny_m
 def test_a_hit_fills_m_as_its_calibration_measured(tiny_models, requests_in):
     """A calibration measured with the fill on M (RiskModel.region_fill_on_m): the hit fills
     M that way — its full calls in the steps computed, its calls on M's tokens apart."""
-    from carnator_core.region_compute import fill_segment_starts
     from test_guided_finish import _hit_plan
     from carnator_core.gate import RiskModel
     model = RiskModel(thresholds={"same_scene": {"0.5": 1e9}, "other": {"0.5": 1e9}},
                       confidence=0.9, region_fill_on_m=True)
     pipeline, pr, plan = _hit_plan(requests_in, tiny_models["wan21"], model)
     assert plan.region_fraction > 0, "the related prompt must leave a region M to compute"
+    s = _reuse_filling_on_m(pipeline, pr, plan, requests_in)
+    assert 0 < s.region_token_share < 1
+    assert s.model_calls == s.steps_computed
+    assert "region M filled by its own trajectory" in s.text()
+
+
+def _reuse_filling_on_m(pipeline, pr, plan, requests_in):
+    """Run the hit; check it made the fill on M's full and region calls; its summary."""
+    from carnator_core.region_compute import fill_segment_starts
     n, k = pr.run.steps, plan.reuse_step
     starts = fill_segment_starts(pr.probe_steps, k, requests_in.settings.snapshot_steps(n))
     assert starts, f"no snapshot between the probe and k*={k}: nothing on M to test"
     full_calls, region_calls = _segment_counts(starts, k)
     _, s = pipeline.reuse(pr, plan)
     assert s.outcome == "hit" and s.steps_computed == pr.probe_steps + full_calls + (n - k)
-    assert s.region_calls == region_calls and 0 < s.region_token_share < 1
-    assert s.model_calls == s.steps_computed
-    assert "region M filled by its own trajectory" in s.text()
+    assert s.region_calls == region_calls
+    return s
 
 
 def test_the_calibration_records_how_m_was_filled(tmp_path):
@@ -326,12 +333,5 @@ def test_a_hit_widens_m_as_its_calibration_measured(tiny_models, requests_in):
     mask = tiles_to_latent_mask(plan.region_tiles, grid, pr.run.latent_shape)
     share = pr.run.compute_region(mask).share
     pr.run.compute_region(None)
-    from carnator_core.region_compute import fill_segment_starts
-    n, k = pr.run.steps, plan.reuse_step
-    starts = fill_segment_starts(pr.probe_steps, k, requests_in.settings.snapshot_steps(n))
-    assert starts, f"no snapshot between the probe and k*={k}: nothing on M to test"
-    full_calls, region_calls = _segment_counts(starts, k)
-    _, s = pipeline.reuse(pr, plan)
-    assert s.outcome == "hit" and s.steps_computed == pr.probe_steps + full_calls + (n - k)
-    assert s.region_calls == region_calls
+    s = _reuse_filling_on_m(pipeline, pr, plan, requests_in)
     assert s.region_token_share == pytest.approx(share)  # the fill ran on the widened M
