@@ -51,6 +51,11 @@ def split(instances: list[dict], holdout: float = 0.3, seed: int = 0) -> tuple[l
 
 def fit(instances: list[dict], region_threshold: float, l2: float = 1e-3,
         form: str = "linear") -> RiskModel:
+    if form == "signed":
+        # its logit ranks other evidence only (same-scene evidence is scored by depth alone,
+        # RiskModel.score): fitted across both classes, "small M, close texts → safe" (the
+        # paraphrases) would outweigh "small M → unsafe" within the edits
+        instances = [i for i in instances if evidence_class(i["features"]) == "other"]
     rows, labels = rows_of(instances)
     if not rows:
         raise ValueError("no measured reuses to calibrate on")

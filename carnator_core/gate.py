@@ -120,7 +120,8 @@ class RiskModel:
     paraphrase moves 0.4% of the tiles, an edit 15%. Its weights are all ≥ 0, so predicted
     risk never falls as reuse gets deeper or the evidence disagrees more. The ``signed`` form
     is the same function with the weights of M's size and the text gap free in sign (see
-    ``SIGNED_FREE``); depth and the disagreement outside M stay ≥ 0.
+    ``SIGNED_FREE``), depth and the disagreement outside M ≥ 0, fitted on other evidence only
+    (``calibration.fit``), the only reuses its logit ranks.
     """
 
     weights: dict[str, float] = field(default_factory=lambda: {

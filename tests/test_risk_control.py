@@ -132,6 +132,9 @@ def test_signed_form_learns_that_a_larger_region_is_safer():
     cert_set = [draw(i) for i in range(1200)]
     mono = CAL.fit(fit_set, 0.35, form="interaction")
     signed = CAL.fit(fit_set, 0.35, form="signed")
+    # fitted on the edits it ranks: paraphrases (small M, never failing) leave it unchanged
+    paraphrases = [_instance("same", True, [0, 0, 0, 0]) for _ in range(200)]
+    assert CAL.fit(fit_set + paraphrases, 0.35, form="signed").weights == signed.weights
     assert mono.weights["region_fraction"] == pytest.approx(0, abs=1e-3)
     assert mono.depth_weights["region_fraction"] == pytest.approx(0, abs=1e-3)
     region_effect = signed.weights["region_fraction"] + 0.6 * signed.depth_weights["region_fraction"]
