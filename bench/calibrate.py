@@ -47,6 +47,13 @@ def group_of(line: dict):
     return line.get("group", line["seed"])
 
 
+def groups_with_evidence(paths: list[str], klass: str) -> set[str]:
+    """The pair groups with a direction of this evidence class in these measurement files."""
+    from carnator_core.gate import evidence_class
+    return {str(i["group"]) for path in paths for i in CAL.load_instances(path)
+            if evidence_class(i["features"]) == klass}
+
+
 def with_same_scene_from(measured: list[dict], base: list[dict]) -> list[dict]:
     """``base``'s instances with their other-evidence directions replaced by ``measured``'s
     (``--other-evidence-of``): a direction of base without its measured twin is an error."""
@@ -234,16 +241,10 @@ def main(argv=None) -> dict:
             lines = [ln for ln in lines if ln.get("kind") in a.kinds]
         if a.groups_from is not None:  # measure only pairs added since the last measurement
             lines = [ln for ln in lines if int(group_of(ln)) >= a.groups_from]
-        if a.same_scene_groups_of:
-            from carnator_core.gate import evidence_class
-            keep = {str(i["group"]) for path in a.same_scene_groups_of for i in CAL.load_instances(path)
-                    if evidence_class(i["features"]) == "same_scene"}
-            lines = [ln for ln in lines if str(group_of(ln)) in keep]
-        if a.other_evidence_of:
-            from carnator_core.gate import evidence_class
-            keep = {str(i["group"]) for path in a.other_evidence_of for i in CAL.load_instances(path)
-                    if evidence_class(i["features"]) == "other"}
-            lines = [ln for ln in lines if str(group_of(ln)) in keep]
+        for paths, klass in ((a.same_scene_groups_of, "same_scene"), (a.other_evidence_of, "other")):
+            if paths:
+                keep = groups_with_evidence(paths, klass)
+                lines = [ln for ln in lines if str(group_of(ln)) in keep]
         groups = list(dict.fromkeys(group_of(ln) for ln in lines))
         if a.limit_pairs:
             groups = groups[:a.limit_pairs]
