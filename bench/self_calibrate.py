@@ -32,8 +32,10 @@ for p in (os.path.join(REPO, "tests"), REPO):
     if p not in sys.path:
         sys.path.insert(0, p)
 
+from carnator_core import calibration as CAL  # noqa: E402
 from carnator_core import prompt_pairs as PP  # noqa: E402
 from carnator_core import self_calibration as SC  # noqa: E402
+from carnator_core.gate import RISK_FORMS  # noqa: E402
 
 OUT = os.path.join(REPO, "bench", "results", "self_calibration")
 
@@ -62,6 +64,17 @@ def main(argv=None) -> dict:
                     help="measure the fitted calibration against the checker-based one on a workload")
     ap.add_argument("--budgets", type=float, nargs="+", default=[0.02, 0.05, 0.1])
     ap.add_argument("--limit", type=int, default=None)
+    ap.add_argument("--probe-fraction", type=float, default=0.1,
+                    help="the probe to calibrate for (ReuseSettings.probe_fraction)")
+    ap.add_argument("--fill-on-m", action="store_true",
+                    help="fill region M by its own trajectory on its tokens (ReuseSettings.region_fill_on_m)")
+    ap.add_argument("--region-margin", type=int, default=0, metavar="TILES",
+                    help="widen an edit's region M by this many tiles (ReuseSettings.region_margin)")
+    ap.add_argument("--form", choices=RISK_FORMS, default=None,
+                    help="risk form (default: signed with --fill-on-m, else interaction)")
+    ap.add_argument("--checker-model", default=None, metavar="JSON",
+                    help="with --evaluate: the checker-based calibration to compare with "
+                         "(default: the committed one for the generic file's probe)")
     a = ap.parse_args(argv)
     if a.evaluate:
         return evaluate(a)
@@ -72,7 +85,8 @@ def main(argv=None) -> dict:
     from carnator_core.pipeline import ReuseSettings
     world = bench.World(bench.DEFAULT_MODEL, steps=a.steps, cfg=a.cfg, threads=a.threads)
     fp = world.fingerprint
-    settings = ReuseSettings(probe_fraction=0.1, gate=GateSettings())
+    settings = ReuseSettings(probe_fraction=a.probe_fraction, gate=GateSettings(),
+                             region_fill_on_m=a.fill_on_m, region_margin=a.region_margin)
     tolerance = SC.Tolerance(a.psnr_bound, "frames")
     pairs = PP.derived_pairs(PP.BUILTIN_PROMPTS if a.builtin_prompts else base_prompts(), a.pairs, seed=1)
     make_run = lambda prompt, seed: world.new_run(prompt, seed, "same_seed")  # noqa: E731
@@ -92,7 +106,8 @@ def main(argv=None) -> dict:
         return {}
     # fit: the shards' measurements become the calibration's progress file, so nothing is re-measured
     cache = os.path.join(a.out, "cache")
-    progress = SC.progress_path(os.path.join(cache, "calibration", f"{fp}.json"))
+    calibration = CAL.calibration_path(cache, fp, a.probe_fraction)
+    progress = SC.progress_path(calibration)
     progress.parent.mkdir(parents=True, exist_ok=True)
     with open(progress, "w") as f:
         for name in sorted(os.listdir(a.out)):
@@ -100,11 +115,11 @@ def main(argv=None) -> dict:
                 with open(os.path.join(a.out, name)) as g:
                     f.write(g.read())
     model, report = SC.calibrate(make_run, pairs, settings, tolerance, cache, fp, a.steps, seed=a.seed,
-                                 decode=world.video, include_audits=False, on_pair=on_pair)
+                                 decode=world.video, include_audits=False, on_pair=on_pair, form=a.form)
     report["seconds_fit"] = round(time.time() - t0, 1)
     report["base_prompts"] = "builtin" if a.builtin_prompts else "calibration.jsonl anchors"
     report["pair_kinds"] = {k: sum(p["kind"] == k for p in pairs) for k in PP.KINDS + PP.MULTI_STEP}
-    shutil.copy(os.path.join(cache, "calibration", f"{fp}.json"), os.path.join(a.out, f"{fp}.json"))
+    shutil.copy(calibration, os.path.join(a.out, calibration.name))
     with open(os.path.join(a.out, "report.json"), "w") as f:
         json.dump(report, f, indent=1)
     shutil.rmtree(cache)
@@ -114,7 +129,7 @@ def main(argv=None) -> dict:
     for k, v in report["heldout"].items():
         print(f"α={k}: held-out accepted {v['accepted']}, false-accept {v['false_accept_rate']:.1%} "
               f"(upper95 {v['false_accept_upper95']:.1%})")
-    print(f"wrote {os.path.join(a.out, fp + '.json')}")
+    print(f"wrote {os.path.join(a.out, calibration.name)}")
     return report
 
 
@@ -126,13 +141,14 @@ def evaluate(a) -> dict:
     from carnator_core.pipeline import ReuseSettings
     world = bench.World(bench.DEFAULT_MODEL, steps=a.steps, cfg=a.cfg, threads=a.threads)
     fp = world.fingerprint
-    models = {"generic": os.path.join(a.out, f"{fp}.json"), "checker": bench.default_risk_model(fp)}
+    models = {"generic": os.path.join(a.out, CAL.calibration_path(a.out, fp, a.probe_fraction).name),
+              "checker": a.checker_model or bench.default_risk_model(fp, a.probe_fraction)}
     name, lines = bench.load_workload(a.evaluate, a.limit)
-    settings = ReuseSettings(probe_fraction=0.1)
+    settings = ReuseSettings(probe_fraction=a.probe_fraction)
     t0 = time.time()
     print(f"[{name}] {len(lines)} requests: reference …", flush=True)
     refs = bench.run_reference(world, lines, settings.snapshot_steps(a.steps), settings.probe_steps(a.steps))
-    out = {"workload": name, "psnr_bound": a.psnr_bound, "steps": a.steps,
+    out = {"workload": name, "psnr_bound": a.psnr_bound, "steps": a.steps, "probe_fraction": a.probe_fraction,
            "risk_models": {k: os.path.relpath(v, REPO) for k, v in models.items()}, "budgets": {}}
     workdir = tempfile.mkdtemp(prefix="carnator_selfcal_")
     try:
@@ -142,7 +158,7 @@ def evaluate(a) -> dict:
                 # recurring_sources off: the committed comparison was measured before the rule
                 m, _ = bench.run_carnator(world, lines, refs, b, path, a.psnr_bound, False,
                                           os.path.join(workdir, label), settings.region_fill_calls,
-                                          recurring=False)
+                                          recurring=False, probe_fraction=a.probe_fraction)
                 out["budgets"].setdefault(f"{b:g}", {})[label] = m
     finally:
         shutil.rmtree(workdir, ignore_errors=True)

@@ -216,9 +216,11 @@ def calibrate(make_run: Callable[[str, int], object], pairs: list[dict], setting
               tolerance: Tolerance, cache_folder: str | Path, fingerprint: str, steps: int,
               seed: int = 0, decode: Callable[[torch.Tensor], torch.Tensor] | None = None,
               include_audits: bool = True, delta: float = 0.1,
-              on_pair: Callable[[int, int], None] | None = None) -> tuple[RiskModel, dict]:
+              on_pair: Callable[[int, int], None] | None = None,
+              form: str | None = None) -> tuple[RiskModel, dict]:
     """Measure (resumably), fit, certify and save the calibration file the gate loads for
-    ``fingerprint``; the report (with its held-out check) is saved beside it."""
+    ``fingerprint``; the report (with its held-out check) is saved beside it. ``form``: the
+    risk form (``gate.RISK_FORMS``); by default the one that matches how M is filled."""
     from . import calibration as CAL
     from .audit import DB_NAME, AuditLog
     path = CAL.calibration_path(cache_folder, fingerprint, settings.probe_fraction)
@@ -229,17 +231,25 @@ def calibrate(make_run: Callable[[str, int], object], pairs: list[dict], setting
         with AuditLog(cache_folder) as log_:
             audits = log_.audit_instances(fingerprint, tolerance, settings.probe_fraction)
     model, report = CAL.fit_and_certify(instances + audits, RiskModel().region_threshold,
-                                        delta=delta, tolerance=tolerance.as_dict(),
+                                        delta=delta, form=form or risk_form_for(settings),
+                                        tolerance=tolerance.as_dict(),
                                         max_region_fraction=settings.gate.max_region_fraction,
                                         probe_fraction=settings.probe_fraction)
     model.source = (f"generic calibration: {len(pairs)} prompt pairs, {len(audits)} live audits, "
                     f"PSNR on {tolerance.space} ≥ {tolerance.psnr_bound:g} dB; " + model.source)
     report.update(model_fingerprint=fingerprint, pairs=len(pairs), audits_used=len(audits),
                   steps=steps, source=model.source, thresholds=model.thresholds,
-                  probe_fraction=settings.probe_fraction)
+                  probe_fraction=settings.probe_fraction, region_fill_on_m=model.region_fill_on_m,
+                  region_margin=model.region_margin)
     CAL.save(model, cache_folder, fingerprint)
     path.with_name(path.stem + ".report.json").write_text(json.dumps(report, indent=1))
     return model, report
+
+
+def risk_form_for(settings: ReuseSettings) -> str:
+    """With M filled on its own tokens a larger M is safer, not riskier (``gate.SIGNED_FREE``),
+    so the monotone interaction form would misrank the edits: the signed form fits that case."""
+    return "signed" if settings.region_fill_on_m else "interaction"
 
 
 def report_text(report: dict) -> str:
@@ -251,6 +261,9 @@ def report_text(report: dict) -> str:
              f"{report['exceeded_tolerance']} beyond tolerance (PSNR on {tol.get('space')} < "
              f"{tol.get('psnr_bound')} dB), for probe_fraction {report.get('probe_fraction', 0.1):g} "
              "(the samplers' probe must match)"]
+    if report.get("region_fill_on_m"):
+        lines.append(f"region M filled on its own tokens, widened by {report.get('region_margin', 0)} "
+                     f"tile(s) for edits; {report.get('form')} risk form")
     for klass, budgets in (report.get("thresholds") or {}).items():
         certified = ", ".join(f"{float(a):.0%}" for a in sorted(budgets, key=float)) or "none"
         lines.append(f"{klass.replace('_', '-')} evidence: budgets certified {certified}")

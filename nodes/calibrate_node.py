@@ -45,6 +45,10 @@ class CarnatorCalibrate(io.ComfyNode):
             ] + expert_inputs() + [
                 io.Float.Input("probe_fraction", default=0.1, min=0.02, max=0.5, step=0.01, optional=True,
                                tooltip="The probe to calibrate for: the samplers' probe_fraction. A calibration holds for this probe only; calibrate once per probe you use."),
+                io.Boolean.Input("fill_region_on_its_tokens", default=False, optional=True,
+                                 tooltip="On a hit, compute region M (what the request changes) along its own trajectory on M's tokens instead of a coarse estimate: a few more model calls on part of the tokens, deeper reuse for edits. The calibration measures it, and hits of this model then do it."),
+                io.Int.Input("region_margin", default=0, min=0, max=4, optional=True,
+                             tooltip="With fill_region_on_its_tokens: widen an edit's region M by this many tiles in space and time, so changes just outside what the probe saw are computed too."),
             ],
             outputs=[io.String.Output("report", tooltip="Pairs and reuses measured, certified budgets, the held-out check.")],
             hidden=[io.Hidden.unique_id],
@@ -55,9 +59,12 @@ class CarnatorCalibrate(io.ComfyNode):
     def execute(cls, model, latent_image, prompts, pairs, first_seed, steps, cfg, sampler_name,
                 scheduler, psnr_bound, include_audits, clip=None, vae=None,
                 cache=None, low_noise_model=None, switch_step=0,
-                switch_sigma=WAN22_SWITCH_SIGMA, probe_fraction=DEFAULT_PROBE_FRACTION) -> io.NodeOutput:
+                switch_sigma=WAN22_SWITCH_SIGMA, probe_fraction=DEFAULT_PROBE_FRACTION,
+                fill_region_on_its_tokens=False, region_margin=0) -> io.NodeOutput:
         folder = (cache or {}).get("folder") or default_cache_folder()
         settings = reuse_settings(probe_fraction=probe_fraction)
+        settings.region_fill_on_m = bool(fill_region_on_its_tokens)
+        settings.region_margin = int(region_margin) if fill_region_on_its_tokens else 0
         tolerance = Tolerance(psnr_bound, "frames" if vae is not None else "latent")
         chosen = prompt_pairs.pairs_from_text(prompts, pairs, seed=first_seed)
         _, report = calibrate_model(model, clip, latent_image, chosen, steps, cfg, sampler_name,

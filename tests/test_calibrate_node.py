@@ -62,3 +62,14 @@ def test_calibrate_node_writes_the_calibration_the_sampler_then_uses(tmp_path):
         again = server.run(wf, timeout=900)["outputs"]["5"]["text"][0]
         assert "5 prompt pairs" in again
         assert (server.cache_dir / "calibration" / f"{fingerprint}.progress.jsonl").read_text() == progress
+
+        # the recipe for edits: M filled on its own tokens and widened; measured anew (the
+        # measurements are kept per recipe), and the file the gate loads carries it
+        wf = calibrate_workflow()
+        wf["5"]["inputs"].update(fill_region_on_its_tokens=True, region_margin=1)
+        recipe = server.run(wf, timeout=900)["outputs"]["5"]["text"][0]
+        assert "filled on its own tokens, widened by 1 tile(s) for edits; signed risk form" in recipe, recipe
+        saved = json.loads((server.cache_dir / "calibration" / f"{fingerprint}.json").read_text())
+        assert saved["region_fill_on_m"] and saved["region_margin"] == 1
+        assert (server.cache_dir / "calibration" / f"{fingerprint}.progress.jsonl").read_text() != progress
+

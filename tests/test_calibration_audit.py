@@ -279,3 +279,36 @@ def test_audits_are_kept_apart_per_probe_and_an_older_file_gains_the_column(tmp_
                        thresholds={"other": {"0.05": -2.0}})
     assert audit.calibration_id(before) == "8ffb30875a8fc0ef"
     assert audit.calibration_id(RiskModel(**{**before.__dict__, "probe_fraction": 0.05})) != "8ffb30875a8fc0ef"
+
+
+# ------------------------------------------------------------------ the recipe for edits (issue 10)
+def test_a_calibration_with_m_filled_on_its_tokens_measures_it_and_hands_it_to_the_gate(tiny_models, requests_in):
+    """Calibrated with M filled on its own tokens and widened by a tile: every reuse with a
+    region computed M's own trajectory (model calls on M's tokens), the edits' M was widened,
+    the fit took the signed form, and the file the gate loads carries the recipe so hits do
+    what was measured."""
+    import copy
+    from carnator_core.calibration import calibration_path
+    model = tiny_models["wan21"]
+    from carnator_core.comfy_adapter import model_fingerprint
+    fp, folder = model_fingerprint(model), requests_in.cache_folder
+    make_run, _ = _tiny_runs(model, requests_in)
+    recipe = copy.deepcopy(requests_in.settings)
+    recipe.region_fill_on_m, recipe.region_margin = True, 1
+    pairs = prompt_pairs.pairs(n=6, seed=0, kinds=("colour", "left_right", "add_object"))
+    _, report = calibrate(make_run, pairs, recipe, Tolerance(30.0, "latent"), folder, fp, 8)
+    measured = load_progress(progress_path(calibration_path(folder, fp, recipe.probe_fraction)))
+    reuses = [(evidence_class(i["features"]), d) for insts in measured.values() for i in insts
+              for d in i["depths"]]
+    with_region = [d for _, d in reuses if d["fill_steps"] > 0]
+    assert with_region, "no reuse had a region M to fill: the pairs did not exercise the recipe"
+    assert all(d["fill"] == "on_m" for d in with_region)
+    # deep enough, part of M's trajectory ran on M's tokens alone: calls at M's share of a step
+    on_tokens = [d for d in with_region if d["fill_region_calls"] > 0]
+    assert on_tokens and all(d["fill_calls"] < d["fill_steps"] < d["fill_calls"] + d["fill_region_calls"]
+                             for d in on_tokens)
+    assert all(d.get("margin") == 1 for k, d in reuses if k == "other" and d["fill_steps"] > 0)
+    assert report["form"] == "signed" and report["region_fill_on_m"] and report["region_margin"] == 1
+    assert "filled on its own tokens, widened by 1 tile" in report_text(report)
+    loaded = risk_model_for(folder, fp)
+    assert loaded.calibrated and loaded.region_fill_on_m and loaded.region_margin == 1
