@@ -43,7 +43,8 @@ def calibrate_one(model_path: str, latent: str, steps: int, cfg: float, pairs: i
                   prompts: str, cache: str, clip=None, vae=None, psnr_bound: float = 30.0,
                   sampler: str = "euler", scheduler: str = "simple", seed: int = 0,
                   low_noise_model: str | None = None, switch_step: int = 0,
-                  switch_sigma: float = 0.875, probe_fraction: float = 0.1) -> dict:
+                  switch_sigma: float = 0.875, probe_fraction: float = 0.1,
+                  fill_on_m: bool = False, region_margin: int = 0) -> dict:
     import comfy.sd
     import torch
     from carnator_core import prompt_pairs
@@ -65,7 +66,9 @@ def calibrate_one(model_path: str, latent: str, steps: int, cfg: float, pairs: i
     progress()
     _, report = calibrate_model(model, clip, {"samples": torch.zeros(shape)}, chosen, steps, cfg,
                                 sampler, scheduler, Tolerance(psnr_bound, "frames" if vae else "latent"),
-                                cache, ReuseSettings(probe_fraction=probe_fraction), vae=vae, seed=seed,
+                                cache, ReuseSettings(probe_fraction=probe_fraction, region_fill_on_m=fill_on_m,
+                                                     region_margin=region_margin if fill_on_m else 0),
+                                vae=vae, seed=seed,
                                 **pair)
     print(report_text(report))
     print(f"  {time.time() - t0:.0f} s")
@@ -95,6 +98,11 @@ def main() -> int:
     ap.add_argument("--switch-sigma", type=float, default=0.875)
     ap.add_argument("--probe-fraction", type=float, default=0.1,
                     help="the samplers' probe_fraction this calibration is for (it holds for that probe only)")
+    ap.add_argument("--fill-on-m", action="store_true",
+                    help="measure hits that compute an edit's region M along its own trajectory on its "
+                         "tokens (the gate then does it on every hit of this model)")
+    ap.add_argument("--region-margin", type=int, default=0, metavar="TILES",
+                    help="with --fill-on-m: widen an edit's region M by this many tiles")
     ap.add_argument("--demo-models", action="store_true",
                     help="calibrate the bundled tiny models into models/calibration/")
     ap.add_argument("--only", nargs="+", choices=sorted(DEMO), default=None,
@@ -136,7 +144,7 @@ def main() -> int:
         cache = default_cache_folder()
     calibrate_one(a.model, a.latent, a.steps, a.cfg, a.pairs, prompts, cache, clip, vae, a.psnr_bound,
                   a.sampler, a.scheduler, a.seed, a.low_noise_model, a.switch_step, a.switch_sigma,
-                  a.probe_fraction)
+                  a.probe_fraction, a.fill_on_m, a.region_margin)
     return 0
 
 
