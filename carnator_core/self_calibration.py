@@ -24,7 +24,7 @@ from typing import Callable
 
 import torch
 
-from .gate import RiskModel, evidence, evidence_class, reuse_region
+from .gate import RiskModel, evidence, evidence_class, finish_allows, reuse_region
 from .pipeline import ReuseSettings, TrajectoryRecord, fill_region, guided_finish_for
 from .region_compute import RegionFinish
 from .signature import tiles_to_latent_mask
@@ -93,7 +93,10 @@ def measure_direction(request: FullRun, candidate: FullRun, new_run: Callable[[]
     else:
         chosen = finishes(klass)
     stored_x0 = {s: x.float() for s, x in candidate.record.denoised.items()}
+    region_finish = klass == "other" and settings.other_finish_region
     for k, finish in [(k, f) for f in chosen for k in reuse_depths(settings, steps)]:
+        if region_finish and not finish_allows(k, steps, finish, region=True):
+            continue  # the gate never starts a region finish this shallow: nothing to certify
         run = new_run()
         x_k = candidate.record.snapshots[k].float()
         if bool(region.any()):
@@ -110,15 +113,14 @@ def measure_direction(request: FullRun, candidate: FullRun, new_run: Callable[[]
         guide = guided_finish_for(run, stored_x0, k, finish)
         if finish and guide is None:
             continue  # nothing stored to guide it (cannot happen with snapshots recorded)
-        region_finish = guide is not None and klass == "other" and settings.other_finish_region
         tokens = None
-        if region_finish and bool(region.any()):  # (an empty M: the plain guided finish)
+        if region_finish and guide is not None and bool(region.any()):  # (an empty M: the plain guided finish)
             mask = tiles_to_latent_mask(region, request.record.grid, run.latent_shape)
             tokens = run.compute_region(mask)
             guide = RegionFinish(guide, mask)
         final = run.sample(k, steps, start, guide=guide)
         how = {"finish_calls": finish, "predicted_steps": guide.predicted} if guide else {}
-        if region_finish:  # model calls on M's tokens alone, and their share of the tokens
+        if region_finish and guide is not None:  # model calls on M's tokens alone, and their share of the tokens
             how.update(region_steps=guide.region_steps if tokens else 0,
                        token_share=round(tokens.share, 4) if tokens else 0.0)
             run.compute_region(None)
