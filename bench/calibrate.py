@@ -116,32 +116,40 @@ def measure_pairs(world, lines: list[dict], settings, psnr_bound: float, region_
 
 
 def add_guided_finish(world, lines: list[dict], settings, psnr_bound: float, region_threshold: float,
-                      measured_files: list[str]) -> list[dict]:
+                      measured_files: list[str], klass: str = "other") -> list[dict]:
     """The measured instances of ``measured_files`` for these lines' pairs, with the guided
-    finish of other-evidence reuses measured and added to their depths. The evidence is
-    measured again and must equal the stored one (the same model, the same pairs); pairs
-    measured with that finish already keep their measurement."""
+    finish of ``klass``'s reuses measured and added to their depths. Other evidence: the
+    finish of ``settings.other_finish_calls`` is added (pairs measured with a finish already
+    keep theirs). Same-scene evidence: the finish of ``settings.same_scene_finish_calls``
+    *replaces* the stored one (a class has one guided finish, ``gate.option_key``). The
+    evidence is measured again and must equal the stored one (the same model, the same pairs)."""
     from carnator_core.gate import evidence_class
-    calls = settings.other_finish_calls
+    calls = settings.finish_calls_for(klass)
     if calls <= 0:
-        raise SystemExit("--add-guided-finish needs --other-finish-calls N (the finish to measure)")
+        raise SystemExit(f"--add-guided-finish needs a guided finish of {klass} evidence to measure "
+                         "(--other-finish-calls N or --same-scene-finish-calls N)")
     stored = {(str(i["group"]), i["prompt"], i["candidate_prompt"]): i
               for path in measured_files for i in CAL.load_instances(path)}
     mine = {str(group_of(ln)) for ln in lines}
-    needed = {g for (g, _, _), i in stored.items() if evidence_class(i["features"]) == "other"
-              and i["depths"] and not any(d.get("finish_calls") for d in i["depths"])}
+
+    def has_it(i: dict) -> bool:  # measured with this very finish already
+        return any(d.get("finish_calls") == calls for d in i["depths"]) if klass == "same_scene" \
+            else any(d.get("finish_calls") for d in i["depths"])
+    needed = {g for (g, _, _), i in stored.items() if evidence_class(i["features"]) == klass
+              and i["depths"] and not has_it(i)}
     todo = [ln for ln in lines if str(group_of(ln)) in needed]
-    print(f"adding the {calls}-call guided finish to the other-evidence reuses of "
+    print(f"adding the {calls}-call guided finish to the {klass} reuses of "
           f"{len({group_of(ln) for ln in todo})} pairs …", flush=True)
     added = measure_pairs(world, todo, settings, psnr_bound, region_threshold,
-                          finishes=lambda klass: [calls] if klass == "other" else [])
+                          finishes=lambda c: [calls] if c == klass else [])
     for inst in added:
         key = (str(inst["group"]), inst["prompt"], inst["candidate_prompt"])
         old = stored.get(key)
         if old is None or any(abs(old["features"][f] - v) > 1e-4 for f, v in inst["features"].items()):
             raise SystemExit(f"pair group {key[0]} measures other evidence than {measured_files} "
                              "stored: measure the whole calibration again instead")
-        old["depths"] = old["depths"] + inst["depths"]
+        kept = old["depths"] if klass == "other" else [d for d in old["depths"] if not d.get("finish_calls")]
+        old["depths"] = kept + inst["depths"]
     return [i for (g, _, _), i in stored.items() if g in mine]
 
 
@@ -192,11 +200,15 @@ def main(argv=None) -> dict:
     ap.add_argument("--other-finish-region", action="store_true",
                     help="with --other-finish-calls: compute region M's tokens between the calls "
                          "(ReuseSettings.other_finish_region, carnator_core/region_compute.py)")
+    ap.add_argument("--same-scene-finish-calls", type=int, default=None,
+                    help="model calls of the same-scene reuses' guided finish "
+                         "(ReuseSettings.same_scene_finish_calls, default 4)")
     ap.add_argument("--add-guided-finish", nargs="+", default=None, metavar="JSONL",
                     help="measure only the guided finish of other-evidence reuses "
                          "(ReuseSettings.other_finish_calls) for the pairs of these measurement "
                          "files and write them with those reuses added (use with --shard; then "
-                         "re-fit with --instances)")
+                         "re-fit with --instances); with --same-scene-finish-calls, the same-scene "
+                         "reuses' guided finish instead, replacing the stored one")
     ap.add_argument("--probe-fraction", type=float, default=0.1,
                     help="share of the steps the probe runs (ReuseSettings.probe_fraction): a "
                          "calibration holds for the probe it was measured with")
@@ -224,6 +236,8 @@ def main(argv=None) -> dict:
     if a.other_finish_calls is not None:
         settings.other_finish_calls = a.other_finish_calls
     settings.other_finish_region = a.other_finish_region
+    if a.same_scene_finish_calls is not None:
+        settings.same_scene_finish_calls = a.same_scene_finish_calls
     region_threshold = RiskModel().region_threshold
     os.makedirs(a.results, exist_ok=True)
     shard = tuple(int(x) for x in a.shard.split("/")) if a.shard else None
@@ -254,7 +268,8 @@ def main(argv=None) -> dict:
         lines = [ln for ln in lines if group_of(ln) in mine]
         if a.add_guided_finish:
             instances = add_guided_finish(world, lines, settings, a.psnr_bound, region_threshold,
-                                          a.add_guided_finish)
+                                          a.add_guided_finish, "same_scene" if a.same_scene_finish_calls
+                                          is not None else "other")
         else:
             print(f"measuring {len(lines)} requests …", flush=True)
             finishes = None

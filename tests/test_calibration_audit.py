@@ -312,3 +312,34 @@ def test_a_calibration_with_m_filled_on_its_tokens_measures_it_and_hands_it_to_t
     assert "filled on its own tokens, widened by 1 tile" in report_text(report)
     loaded = risk_model_for(folder, fp)
     assert loaded.calibrated and loaded.region_fill_on_m and loaded.region_margin == 1
+
+
+def test_a_region_finish_is_measured_only_at_depths_the_gate_may_start_it(tiny_models, requests_in):
+    """A calibration that also measures a region finish for edits measures it only from
+    gate.finish_allows' depth on (shallower, no hit could run it), and there on M's tokens;
+    finishing every step is still measured at every depth."""
+    import copy
+    from carnator_core.comfy_adapter import model_fingerprint
+    from carnator_core.calibration import calibration_path
+    from carnator_core.gate import finish_allows
+    from carnator_core.self_calibration import reuse_depths
+    model = tiny_models["wan21"]
+    fp, folder = model_fingerprint(model), requests_in.cache_folder
+    make_run, _ = _tiny_runs(model, requests_in)
+    recipe = copy.deepcopy(requests_in.settings)
+    recipe.other_finish_calls, recipe.other_finish_region = 2, True
+    steps = 8
+    depths = reuse_depths(recipe, steps)
+    allowed = [k for k in depths if finish_allows(k, steps, 2, region=True)]
+    assert allowed and len(allowed) < len(depths), "the depths must straddle the region finish's floor"
+    pairs = prompt_pairs.pairs(n=4, seed=0, kinds=("colour", "left_right"))
+    calibrate(make_run, pairs, recipe, Tolerance(30.0, "latent"), folder, fp, steps)
+    measured = load_progress(progress_path(calibration_path(folder, fp, recipe.probe_fraction)))
+    other = [i for insts in measured.values() for i in insts
+             if evidence_class(i["features"]) == "other" and i["depths"]]
+    assert other, "no pair gave other evidence: the test did not exercise the region finish"
+    for inst in other:
+        region = sorted(d["k"] for d in inst["depths"] if d.get("finish_calls") == 2)
+        every = sorted(d["k"] for d in inst["depths"] if not d.get("finish_calls"))
+        assert region == allowed and every == depths
+        assert all("region_steps" in d for d in inst["depths"] if d.get("finish_calls"))
