@@ -116,7 +116,10 @@ def measure_direction(request: FullRun, candidate: FullRun, new_run: Callable[[]
         tokens = None
         if region_finish and guide is not None and bool(region.any()):  # (an empty M: the plain guided finish)
             mask = tiles_to_latent_mask(region, request.record.grid, run.latent_shape)
-            tokens = run.compute_region(mask)
+            try:
+                tokens = run.compute_region(mask)
+            except ValueError:  # M (widened) covers every token: a hit computes every step
+                continue        # after k* instead, which is measured as the every-step finish
             guide = RegionFinish(guide, mask)
         final = run.sample(k, steps, start, guide=guide)
         how = {"finish_calls": finish, "predicted_steps": guide.predicted} if guide else {}
