@@ -522,6 +522,10 @@ def _deepest_acceptable(feats: dict[str, float], depths: list[int], steps: int,
         how += f", guided finish of {finish_calls} calls" + (
             " with region M computed between them" if model.finish_region.get(klass) else "")
     region = bool(finish_calls and model.finish_region.get(klass))
+    tiles = base.get("region_tiles")
+    if region and tiles is not None and bool(tiles.all()):  # widened M is the whole frame
+        return Plan(False, features=feats, reason=(
+            "region M covers the whole frame: a region finish would compute every token"), **base)
     for k in depths:
         f = {**feats, "depth_fraction": k / steps}
         if finish_allows(k, steps, finish_calls, region) and model.accepts(f, alpha, finish_calls):

@@ -95,8 +95,9 @@ def measure_direction(request: FullRun, candidate: FullRun, new_run: Callable[[]
     stored_x0 = {s: x.float() for s, x in candidate.record.denoised.items()}
     region_finish = klass == "other" and settings.other_finish_region
     for k, finish in [(k, f) for f in chosen for k in reuse_depths(settings, steps)]:
-        if region_finish and not finish_allows(k, steps, finish, region=True):
-            continue  # the gate never starts a region finish this shallow: nothing to certify
+        if region_finish and finish and (not finish_allows(k, steps, finish, region=True)
+                                         or bool(region.all())):
+            continue  # the gate never plans a region finish this shallow or on the whole frame
         run = new_run()
         x_k = candidate.record.snapshots[k].float()
         if bool(region.any()):

@@ -335,3 +335,21 @@ def test_a_hit_widens_m_as_its_calibration_measured(tiny_models, requests_in):
     pr.run.compute_region(None)
     s = _reuse_filling_on_m(pipeline, pr, plan, requests_in)
     assert s.region_token_share == pytest.approx(share)  # the fill ran on the widened M
+
+
+def test_the_gate_plans_no_region_finish_where_m_covers_the_whole_frame():
+    """A widened M can cover every tile; a region finish there would compute every token,
+    so the gate plans it only where M leaves an outside (and the calibration measures it
+    only there, tests/test_calibration_audit.py)."""
+    from carnator_core.gate import RiskModel, _cheapest_acceptable
+    edit = {"outside_mean": 0.1, "outside_max": 0.5, "region_fraction": 0.2, "similarity_gap": 0.1}
+    model = RiskModel(thresholds={"other": {"0.5": 1e9}, "other:guided": {"0.5": 1e9}},
+                      confidence=0.9, finish_calls={"other": 4}, finish_region={"other": True})
+    part = torch.zeros(16, dtype=torch.bool)
+    part[:4] = True
+    plans = {name: _cheapest_acceptable(edit, [14, 12, 10], 20, model, 0.5, True,
+                                        dict(entry_id="e", region_tiles=tiles, similarity=0.9))
+             for name, tiles in (("part", part), ("whole", torch.ones(16, dtype=torch.bool)))}
+    assert plans["part"].accept and plans["part"].finish_region and plans["part"].reuse_step == 14
+    assert plans["whole"].accept and not plans["whole"].finish_region
+    assert plans["whole"].finish_calls == 0 and plans["whole"].reuse_step == 14  # every step after k*
