@@ -203,6 +203,13 @@ def main(argv=None) -> dict:
     ap.add_argument("--same-scene-finish-calls", type=int, default=None,
                     help="model calls of the same-scene reuses' guided finish "
                          "(ReuseSettings.same_scene_finish_calls, default 4)")
+    ap.add_argument("--same-scene-guided-only", action="store_true",
+                    help="measure same-scene reuses with their guided finish only (pairs added to "
+                         "certify the guided finish; the every-step option keeps the pairs measured "
+                         "before, each option is certified on the pairs measured with it)")
+    ap.add_argument("--drop-guided-finish", choices=("same_scene", "other"), default=None,
+                    help="with --instances: leave this class's guided-finish reuses out of the fit "
+                         "(a finish measured but not adopted)")
     ap.add_argument("--add-guided-finish", nargs="+", default=None, metavar="JSONL",
                     help="measure only the guided finish of other-evidence reuses "
                          "(ReuseSettings.other_finish_calls) for the pairs of these measurement "
@@ -249,6 +256,11 @@ def main(argv=None) -> dict:
         if a.same_scene_from:
             instances = with_same_scene_from(instances, [i for path in a.same_scene_from
                                                          for i in CAL.load_instances(path)])
+        if a.drop_guided_finish:
+            from carnator_core.gate import evidence_class
+            for inst in instances:
+                if evidence_class(inst["features"]) == a.drop_guided_finish:
+                    inst["depths"] = [d for d in inst["depths"] if not d.get("finish_calls")]
     else:
         _, lines = load_workload(a.workload)
         if a.kinds:
@@ -273,6 +285,9 @@ def main(argv=None) -> dict:
         else:
             print(f"measuring {len(lines)} requests …", flush=True)
             finishes = None
+            if a.same_scene_guided_only:
+                finishes = lambda klass: ([settings.same_scene_finish_calls] if klass == "same_scene"  # noqa: E731
+                                          else [0] + [c for c in [settings.other_finish_calls] if c])
             if a.other_evidence_of:  # same-scene directions: no reuse measured (taken as they were)
                 finishes = lambda klass: ([0] + [c for c in [settings.finish_calls_for(klass)] if c]
                                           if klass == "other" else [])  # noqa: E731
