@@ -222,6 +222,10 @@ def main(argv=None) -> dict:
     ap.add_argument("--easycache", type=float, default=None, metavar="THRESHOLD",
                     help="calibrate the model with ComfyUI's EasyCache applied at this threshold "
                          "(another fingerprint: what Carnator on an EasyCache'd model looks for)")
+    ap.add_argument("--joint", action="store_true",
+                    help="certify one threshold per evidence class on the gate's choice among its "
+                         "finishes (calibration.certify_model(joint=True)) instead of one per finish "
+                         "at δ split between them")
     ap.add_argument("--form", choices=RISK_FORMS, default="interaction",
                     help="risk model form (carnator_core.gate.RiskModel.fit)")
     a = ap.parse_args(argv)
@@ -299,7 +303,8 @@ def main(argv=None) -> dict:
                                         form=a.form, max_region_fraction=max_region,
                                         tolerance={"psnr_bound": a.psnr_bound, "space": "frames",
                                                    "checker": True},
-                                        alphas=BUDGETS, probe_fraction=a.probe_fraction)
+                                        alphas=BUDGETS, probe_fraction=a.probe_fraction,
+                                        joint=a.joint)
     held = CAL.split(instances, a.holdout)[1]
     rows, labels = CAL.rows_of(instances)
     report = {

@@ -130,7 +130,7 @@ CERTIFIED_BUDGETS = (0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5)  # each certified on 
 
 def certify_model(model: RiskModel, instances: list[dict], delta: float = 0.1,
                   budgets=CERTIFIED_BUDGETS, max_region_fraction: float = 0.5,
-                  min_k: int | None = None, max_k: int | None = None) -> dict:
+                  min_k: int | None = None, max_k: int | None = None, joint: bool = False) -> dict:
     """Choose the gate's threshold on ``RiskModel.score`` for each evidence class and budget by
     Learn-then-Test (``risk_control.certify``) on measured reuses the model was *not* fitted
     on, store them in ``model.thresholds`` with confidence 1−δ (per class), and return the
@@ -139,7 +139,16 @@ def certify_model(model: RiskModel, instances: list[dict], delta: float = 0.1,
 
     Identical requests are left out: the pipeline answers them as exact repeats, so the gate
     never sees them and they would only dilute the measured risk.
+
+    ``joint``: a class measured with several finishes gets one threshold for all of them,
+    certified on the decision the gate actually makes with it — per finish the deepest
+    accepted depth, then the finish that computes least (``gate_decision``) — at the class's
+    whole δ. Certified apart, a finish that may only start deep (a region finish) has no
+    shallow reuses to average over and is rarely certified at small α, though the gate would
+    run it only where it is the cheapest accepted plan.
     """
+    if joint:
+        return _certify_joint(model, instances, delta, budgets, max_region_fraction, min_k, max_k)
     # a class measured with a guided finish too has two finishes to certify: each at δ/2
     # (Bonferroni), so both guarantees hold together at 1−δ and the gate may pick either
     options = {k: [0] + ([model.finish_calls[k]] if model.finish_calls.get(k) else [])
@@ -170,15 +179,62 @@ def certify_model(model: RiskModel, instances: list[dict], delta: float = 0.1,
     return report
 
 
+def _certify_joint(model: RiskModel, instances: list[dict], delta: float, budgets,
+                   max_region_fraction: float, min_k: int | None, max_k: int | None) -> dict:
+    """``certify_model(joint=True)``: one λ per class, shared by its finishes."""
+    per_class: dict[str, list] = {k: [] for k in EVIDENCE_CLASSES}
+    for inst in instances:
+        if inst.get("kind") == "identical" or inst["features"]["region_fraction"] > max_region_fraction:
+            continue
+        klass = evidence_class(inst["features"])
+        finishes = []
+        for calls in model.finish_options(inst["features"]):
+            scored = [(model.score({**inst["features"], "depth_fraction": d["depth_fraction"]}),
+                       (_cost(d), calls), int(d["label"]))
+                      for d in sorted(_depths(inst, min_k, max_k, calls), key=lambda d: -d["k"])]
+            if scored:  # deepest depth first
+                finishes.append(scored)
+        if finishes:
+            per_class[klass].append(finishes)
+    model.thresholds, model.confidence = {}, 1.0 - delta
+    report = {"delta": delta, "joint": True, "instances": sum(len(v) for v in per_class.values()),
+              "classes": {}}
+    for klass, members in per_class.items():
+        if not members:
+            continue
+
+        def decisions(lam: float, members=members) -> list[int]:
+            labels = []
+            for finishes in members:  # per finish its deepest accepted depth, then the cheapest
+                picks = [p for p in (next(((c, y) for z, c, y in scored if z <= lam), None)
+                                     for scored in finishes) if p is not None]
+                if picks:
+                    labels.append(min(picks)[1])
+            return labels
+
+        grid = sorted({z for finishes in members for scored in finishes for z, _, _ in scored})
+        grid = grid[::max(1, len(grid) // GRID_POINTS)]  # thinned by the logits alone, never labels
+        res = {f"{a:g}": certify(decisions, grid, a, delta) for a in budgets}
+        calls = [0] + ([model.finish_calls[klass]] if model.finish_calls.get(klass) else [])
+        for c in calls:
+            model.thresholds[option_key(klass, c)] = {a: r["threshold"] for a, r in res.items()
+                                                      if r["threshold"] is not None}
+        report["classes"][klass] = {"instances": len(members), "delta": delta, "budgets": res,
+                                    "finishes": [option_key(klass, c) for c in calls]}
+    return report
+
+
 def fit_and_certify(instances: list[dict], region_threshold: float, delta: float = 0.1,
                     holdout: float = CERTIFY_SHARE, form: str = "interaction",
                     max_region_fraction: float = 0.5, tolerance: dict | None = None,
                     alphas=(0.02, 0.05, 0.1),
-                    probe_fraction: float = DEFAULT_PROBE_FRACTION) -> tuple[RiskModel, dict]:
+                    probe_fraction: float = DEFAULT_PROBE_FRACTION,
+                    joint: bool = False) -> tuple[RiskModel, dict]:
     """The whole procedure on measured instances: split by pair, fit the ranking on one
     side, certify the thresholds on the other (Learn-then-Test, confidence 1−δ), and check
     the gate's decisions on both. Returns the model (ready to save) and a report.
-    ``probe_fraction``: the probe the instances were measured with (the model holds for it)."""
+    ``probe_fraction``: the probe the instances were measured with (the model holds for it).
+    ``joint``: one threshold per class for all its finishes (``certify_model``)."""
     if not rows_of(instances)[0]:
         raise ValueError(f"none of the {len(instances)} measured candidate pairs came within the "
                          f"gate's region limit ({max_region_fraction:.0%} of the tiles), so no reuse "
@@ -192,9 +248,11 @@ def fit_and_certify(instances: list[dict], region_threshold: float, delta: float
     model.finish_region = measured_region_finish(instances)
     model.region_fill_on_m = measured_fill_on_m(instances)
     model.region_margin = measured_region_margin(instances)
-    certification = certify_model(model, held, delta=delta, max_region_fraction=max_region_fraction)
+    certification = certify_model(model, held, delta=delta, max_region_fraction=max_region_fraction,
+                                  joint=joint)
     model.source += (f"; thresholds certified by Learn-then-Test on {certification['instances']} "
-                     f"held-out pairs at {1 - delta:.0%} confidence")
+                     f"held-out pairs at {1 - delta:.0%} confidence"
+                     + (", one per class on the gate's choice among its finishes" if joint else ""))
     rows, labels = rows_of(instances)
     model.tolerance, model.measured_reuses = tolerance, len(rows)
     model.probe_fraction = float(probe_fraction)

@@ -144,3 +144,63 @@ def test_signed_form_learns_that_a_larger_region_is_safer():
     CAL.certify_model(signed, cert_set, delta=0.1)
     small, large = (CAL.gate_decision(signed, edit(m, [0] * 4), 0.05) for m in (0.02, 0.3))
     assert small is not None and large is not None and large["k"] > small["k"], (small, large)
+
+
+def _two_finish_edits(n, rng):
+    """Edits with a known answer for the gate's choice between two finishes. Score
+    s = u + 2·depth (u ~ U(0, 1)); finished every step, k = 4 never fails; at k = 12 both the
+    every-step finish and a 4-call region finish (cheaper: 4 + 4·0.25 steps against 8) fail with
+    probability u. At a threshold λ in [1.4, 2.2] the gate's rule takes every pair, the region
+    finish at k = 12 where u ≤ λ − 1.2 and k = 4 elsewhere: its risk is (λ − 1.2)²/2, so the
+    largest λ within α is λ* = 1.2 + √(2α)."""
+    edit = {"outside_max": 0.3, "region_fraction": 0.2, "similarity_gap": 0.1}
+    out = []
+    for _ in range(n):
+        u = rng.random()
+        fail = int(rng.random() < u)
+        out.append({"kind": "edit", "features": {**edit, "outside_mean": u}, "depths": [
+            {"k": 4, "depth_fraction": 0.2, "label": 0},
+            {"k": 12, "depth_fraction": 0.6, "label": fail},
+            {"k": 12, "depth_fraction": 0.6, "label": fail, "finish_calls": 4, "region_steps": 4,
+             "token_share": 0.25}]})
+    return out
+
+
+def _score_model():
+    return RiskModel(weights={"outside_mean": 1.0, "outside_max": 0.0, "region_fraction": 0.0,
+                              "depth_fraction": 2.0, "similarity_gap": 0.0}, bias=0.0,
+                     finish_calls={"other": 4}, finish_region={"other": True})
+
+
+def test_the_joint_threshold_certifies_the_gate_s_own_choice_among_finishes():
+    """One λ for both finishes, certified on the decision the gate makes with it: at or below
+    λ* in at least 1−δ of calibration draws, close to it with plenty of data, the gate's
+    decisions within α on fresh pairs, and the region finish run wherever it is the cheapest
+    accepted plan — where certifying each finish on its own leaves it to the few pairs whose
+    region finish alone is within α (its reuses cannot average over safe shallow ones)."""
+    alpha, delta = 0.05, 0.1
+    star = 1.2 + (2 * alpha) ** 0.5
+    rng = random.Random(11)
+    over = 0
+    for _ in range(60):
+        model = _score_model()
+        report = CAL.certify_model(model, _two_finish_edits(600, rng), delta=delta, joint=True)
+        lam = model.thresholds["other"].get("0.05")
+        assert lam == model.thresholds["other:guided"].get("0.05")  # one λ for both finishes
+        assert report["classes"]["other"]["delta"] == delta          # the class's whole δ
+        over += lam is not None and lam > star
+    assert over <= 14, f"above λ* in {over}/60 draws (δ = {delta}: Binomial(60, 0.1) > 14 has p < 1%)"
+    joint, apart = _score_model(), _score_model()
+    cal = _two_finish_edits(20000, random.Random(5))
+    CAL.certify_model(joint, cal, delta=delta, joint=True)
+    CAL.certify_model(apart, cal, delta=delta)
+    assert star - 0.06 < joint.thresholds["other"]["0.05"] <= star
+    fresh = _two_finish_edits(20000, random.Random(6))
+    for model in (joint, apart):
+        picks = [CAL.gate_decision(model, i, alpha) for i in fresh]
+        assert all(p is not None for p in picks)
+        assert sum(p["label"] for p in picks) / len(picks) <= alpha
+    region = {name: sum(bool(CAL.gate_decision(m, i, alpha).get("finish_calls")) for i in fresh)
+              for name, m in (("joint", joint), ("apart", apart))}
+    # joint: u ≤ √(2α) ≈ 0.32 of the pairs; apart: u ≤ 2α = 0.1 (where (λ−1.2)/2 ≤ α)
+    assert region["joint"] > 0.28 * len(fresh) and region["apart"] < 0.12 * len(fresh)
