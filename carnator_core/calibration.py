@@ -151,17 +151,13 @@ def certify_model(model: RiskModel, instances: list[dict], delta: float = 0.1,
         return _certify_joint(model, instances, delta, budgets, max_region_fraction, min_k, max_k)
     # a class measured with a guided finish too has two finishes to certify: each at δ/2
     # (Bonferroni), so both guarantees hold together at 1−δ and the gate may pick either
-    options = {k: [0] + ([model.finish_calls[k]] if model.finish_calls.get(k) else [])
-               for k in EVIDENCE_CLASSES}
+    options = _class_finishes(model)
     per_class: dict[str, list] = {option_key(k, c): [] for k, cs in options.items() for c in cs}
-    for inst in instances:
-        if inst.get("kind") == "identical" or inst["features"]["region_fraction"] > max_region_fraction:
-            continue
+    for inst in _certifiable(instances, max_region_fraction):
         klass = evidence_class(inst["features"])
         for calls in options[klass]:
-            scored = [(model.score({**inst["features"], "depth_fraction": d["depth_fraction"]}), int(d["label"]))
-                      for d in sorted(_depths(inst, min_k, max_k, calls), key=lambda d: -d["k"])]
-            if scored:  # deepest depth first
+            scored = [(z, int(d["label"])) for z, d in _scored(model, inst, calls, min_k, max_k)]
+            if scored:
                 per_class[option_key(klass, calls)].append(scored)
     model.thresholds, model.confidence = {}, 1.0 - delta
     report = {"delta": delta, "instances": sum(len(v) for v in per_class.values()), "classes": {}}
@@ -171,8 +167,7 @@ def certify_model(model: RiskModel, instances: list[dict], delta: float = 0.1,
             picked = (next((y for z, y in scored if z <= lam), None) for scored in members)
             return [y for y in picked if y is not None]
 
-        grid = sorted({z for scored in members for z, _ in scored})
-        grid = grid[::max(1, len(grid) // GRID_POINTS)]  # thinned by the logits alone, never labels
+        grid = _thinned_grid(z for scored in members for z, _ in scored)
         res = {f"{a:g}": certify(decisions, grid, a, klass_delta) for a in budgets}
         model.thresholds[key] = {a: r["threshold"] for a, r in res.items() if r["threshold"] is not None}
         report["classes"][key] = {"instances": len(members), "delta": klass_delta, "budgets": res}
@@ -182,17 +177,15 @@ def certify_model(model: RiskModel, instances: list[dict], delta: float = 0.1,
 def _certify_joint(model: RiskModel, instances: list[dict], delta: float, budgets,
                    max_region_fraction: float, min_k: int | None, max_k: int | None) -> dict:
     """``certify_model(joint=True)``: one λ per class, shared by its finishes."""
+    options = _class_finishes(model)
     per_class: dict[str, list] = {k: [] for k in EVIDENCE_CLASSES}
-    for inst in instances:
-        if inst.get("kind") == "identical" or inst["features"]["region_fraction"] > max_region_fraction:
-            continue
+    for inst in _certifiable(instances, max_region_fraction):
         klass = evidence_class(inst["features"])
         finishes = []
-        for calls in model.finish_options(inst["features"]):
-            scored = [(model.score({**inst["features"], "depth_fraction": d["depth_fraction"]}),
-                       (_cost(d), calls), int(d["label"]))
-                      for d in sorted(_depths(inst, min_k, max_k, calls), key=lambda d: -d["k"])]
-            if scored:  # deepest depth first
+        for calls in options[klass]:
+            scored = [(z, (_cost(d), calls), int(d["label"]))
+                      for z, d in _scored(model, inst, calls, min_k, max_k)]
+            if scored:
                 finishes.append(scored)
         if finishes:
             per_class[klass].append(finishes)
@@ -212,16 +205,41 @@ def _certify_joint(model: RiskModel, instances: list[dict], delta: float, budget
                     labels.append(min(picks)[1])
             return labels
 
-        grid = sorted({z for finishes in members for scored in finishes for z, _, _ in scored})
-        grid = grid[::max(1, len(grid) // GRID_POINTS)]  # thinned by the logits alone, never labels
+        grid = _thinned_grid(z for finishes in members for scored in finishes for z, _, _ in scored)
         res = {f"{a:g}": certify(decisions, grid, a, delta) for a in budgets}
-        calls = [0] + ([model.finish_calls[klass]] if model.finish_calls.get(klass) else [])
-        for c in calls:
+        for c in options[klass]:
             model.thresholds[option_key(klass, c)] = {a: r["threshold"] for a, r in res.items()
                                                       if r["threshold"] is not None}
         report["classes"][klass] = {"instances": len(members), "delta": delta, "budgets": res,
-                                    "finishes": [option_key(klass, c) for c in calls]}
+                                    "finishes": [option_key(klass, c) for c in options[klass]]}
     return report
+
+
+def _class_finishes(model: RiskModel) -> dict[str, list[int]]:
+    """Per evidence class, the finishes its thresholds are certified for: every step (0) and
+    the guided finish the calibration measured it with."""
+    return {k: [0] + ([model.finish_calls[k]] if model.finish_calls.get(k) else [])
+            for k in EVIDENCE_CLASSES}
+
+
+def _certifiable(instances: list[dict], max_region_fraction: float) -> list[dict]:
+    """The pairs the gate can see: identical ones are exact repeats, and an M beyond the
+    region limit is refused before any depth."""
+    return [i for i in instances if i.get("kind") != "identical"
+            and i["features"]["region_fraction"] <= max_region_fraction]
+
+
+def _scored(model: RiskModel, inst: dict, calls: int, min_k: int | None,
+            max_k: int | None) -> list[tuple[float, dict]]:
+    """This pair's reuses with one finish, deepest first, each with the score the thresholds
+    compare."""
+    return [(model.score({**inst["features"], "depth_fraction": d["depth_fraction"]}), d)
+            for d in sorted(_depths(inst, min_k, max_k, calls), key=lambda d: -d["k"])]
+
+
+def _thinned_grid(scores) -> list[float]:
+    grid = sorted(set(scores))
+    return grid[::max(1, len(grid) // GRID_POINTS)]  # thinned by the scores alone, never labels
 
 
 def fit_and_certify(instances: list[dict], region_threshold: float, delta: float = 0.1,

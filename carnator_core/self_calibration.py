@@ -95,8 +95,8 @@ def measure_direction(request: FullRun, candidate: FullRun, new_run: Callable[[]
     stored_x0 = {s: x.float() for s, x in candidate.record.denoised.items()}
     region_finish = klass == "other" and settings.other_finish_region
     for k, finish in [(k, f) for f in chosen for k in reuse_depths(settings, steps)]:
-        if region_finish and finish and (not finish_allows(k, steps, finish, region=True)
-                                         or bool(region.all())):
+        by_region = region_finish and finish > 0  # this reuse's finish computes M between its calls
+        if by_region and (not finish_allows(k, steps, finish, region=True) or bool(region.all())):
             continue  # the gate never plans a region finish this shallow or on the whole frame
         run = new_run()
         x_k = candidate.record.snapshots[k].float()
@@ -115,7 +115,7 @@ def measure_direction(request: FullRun, candidate: FullRun, new_run: Callable[[]
         if finish and guide is None:
             continue  # nothing stored to guide it (cannot happen with snapshots recorded)
         tokens = None
-        if region_finish and guide is not None and bool(region.any()):  # (an empty M: the plain guided finish)
+        if by_region and bool(region.any()):  # (an empty M: the plain guided finish)
             mask = tiles_to_latent_mask(region, request.record.grid, run.latent_shape)
             try:
                 tokens = run.compute_region(mask)
@@ -124,7 +124,7 @@ def measure_direction(request: FullRun, candidate: FullRun, new_run: Callable[[]
             guide = RegionFinish(guide, mask)
         final = run.sample(k, steps, start, guide=guide)
         how = {"finish_calls": finish, "predicted_steps": guide.predicted} if guide else {}
-        if region_finish and guide is not None:  # model calls on M's tokens alone, and their share of the tokens
+        if by_region:  # model calls on M's tokens alone, and their share of the tokens
             how.update(region_steps=guide.region_steps if tokens else 0,
                        token_share=round(tokens.share, 4) if tokens else 0.0)
             run.compute_region(None)
