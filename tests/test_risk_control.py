@@ -205,3 +205,25 @@ def test_the_joint_threshold_certifies_the_gate_s_own_choice_among_finishes():
               for name, m in (("joint", joint), ("apart", apart))}
     # joint: u ≤ √(2α) ≈ 0.32 of the pairs; apart: u ≤ 2α = 0.1 (where (λ−1.2)/2 ≤ α)
     assert region["joint"] > 0.28 * len(fresh) and region["apart"] < 0.12 * len(fresh)
+
+
+def test_the_tiny_world_s_bundled_one_step_calibration_is_the_joint_edit_recipe():
+    """What a person who sets probe_fraction 0.05 on the bundled tiny world gets: the recipe the
+    README's numbers were measured with (M widened and filled on its own tokens, the region
+    finish for edits), with one threshold per class certified on the gate's choice among its
+    finishes — a per-finish calibration put back here would give edits' region finish its
+    own, shallower threshold, or none."""
+    import json
+    from pathlib import Path
+    from carnator_core.gate import calibration_file, option_key
+    root = Path(__file__).resolve().parent.parent
+    fingerprint = json.loads((root / "bench/results/tinyworld.json").read_text())["settings"]["fingerprint"]
+    model = RiskModel.load(calibration_file(root / "models", fingerprint, 0.05))
+    assert model.calibrated and model.probe_fraction == pytest.approx(0.05)
+    assert model.finish_region == {"other": True} and model.finish_calls["other"] == 4
+    assert model.region_fill_on_m and model.region_margin == 1
+    assert all(model.threshold_for(0.05, klass) for klass in EVIDENCE_CLASSES)
+    for alpha in (0.02, 0.05, 0.1):  # same-scene reuse is certified from 5% on, edits from 2%
+        for klass in EVIDENCE_CLASSES:
+            finished = option_key(klass, model.finish_calls[klass])
+            assert model.threshold_for(alpha, finished) == model.threshold_for(alpha, klass), (alpha, klass)
