@@ -67,7 +67,7 @@ def calibration_id(model: RiskModel) -> str:
     # so the levels their audits tightened hold
     if same_probe(fields["probe_fraction"], DEFAULT_PROBE_FRACTION):
         del fields["probe_fraction"]
-    for name in ("region_fill_on_m", "region_margin"):
+    for name in ("region_fill_on_m", "region_margin", "measured_steps"):
         if not fields[name]:
             del fields[name]
     return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:16]

@@ -266,6 +266,7 @@ def fit_and_certify(instances: list[dict], region_threshold: float, delta: float
     model.finish_region = measured_region_finish(instances)
     model.region_fill_on_m = measured_fill_on_m(instances)
     model.region_margin = measured_region_margin(instances)
+    model.measured_steps = measured_steps(instances)
     certification = certify_model(model, held, delta=delta, max_region_fraction=max_region_fraction,
                                   joint=joint)
     model.source += (f"; thresholds certified by Learn-then-Test on {certification['instances']} "
@@ -314,6 +315,16 @@ def measured_region_finish(instances: list[dict]) -> dict[str, bool]:
         raise ValueError(f"the guided finish of {mixed} was measured with and without region M's "
                          "own computation: measure each class one way")
     return {klass: True for klass, ways in seen.items() if True in ways}
+
+
+def measured_steps(instances: list[dict]) -> int:
+    """The steps N every reuse was measured with (a depth record's k over its share of N);
+    measurements at several N are an error: the depth shares would not mean one thing."""
+    seen = {round(d["k"] / d["depth_fraction"]) for inst in instances for d in inst["depths"]
+            if d.get("depth_fraction")}
+    if len(seen) > 1:
+        raise ValueError(f"measurements mix step counts {sorted(seen)}: calibrate each N apart")
+    return seen.pop() if seen else 0
 
 
 def measured_fill_on_m(instances: list[dict]) -> bool:

@@ -55,10 +55,18 @@ def finish_cost(k: int, steps: int, finish_calls: int, region_share: float = 0.0
 REGION_FINISH_STEPS_PER_CALL = 2
 
 
-def finish_allows(k: int, steps: int, finish_calls: int, region: bool) -> bool:
+def finish_allows(k: int, steps: int, finish_calls: int, region: bool, measured_steps: int = 0) -> bool:
     """Whether this finish may start at k: a region finish only where its full calls are at
-    least every ``REGION_FINISH_STEPS_PER_CALL``-th step left."""
-    return not (finish_calls and region) or steps - k <= REGION_FINISH_STEPS_PER_CALL * finish_calls
+    least every ``REGION_FINISH_STEPS_PER_CALL``-th step left — of the ``measured_steps``
+    its reuses were measured with. At another N the rule keeps its share of the trajectory
+    (a call per 2/20 of it at any N, as the gate's depths keep theirs): the outside's keys
+    and values age with the σ a call spans, not with how many steps cut it."""
+    if not (finish_calls and region):
+        return True
+    span = REGION_FINISH_STEPS_PER_CALL * finish_calls
+    if measured_steps:
+        span *= steps / measured_steps
+    return steps - k <= span + 1e-9
 
 
 def evidence_class(features: dict[str, float]) -> str:
@@ -161,6 +169,9 @@ class RiskModel:
     # only (risk_model_for finds a calibration by fingerprint and probe). Files written
     # before this field were all measured with the default probe.
     probe_fraction: float = DEFAULT_PROBE_FRACTION
+    # The steps N the reuses were measured with (0: not recorded). Depths transfer to another
+    # N by their share of it; so does the span a region finish may cover (finish_allows).
+    measured_steps: int = 0
 
     def scaled(self, features: dict[str, float]) -> dict[str, float]:
         """The evidence as the weights see it (depth_fraction passes through)."""
@@ -528,7 +539,8 @@ def _deepest_acceptable(feats: dict[str, float], depths: list[int], steps: int,
             "region M covers the whole frame: a region finish would compute every token"), **base)
     for k in depths:
         f = {**feats, "depth_fraction": k / steps}
-        if finish_allows(k, steps, finish_calls, region) and model.accepts(f, alpha, finish_calls):
+        if (finish_allows(k, steps, finish_calls, region, model.measured_steps)
+                and model.accepts(f, alpha, finish_calls)):
             r = model.risk(f)
             return Plan(True, reuse_step=k, risk=r, features=f, finish_calls=finish_calls,
                         finish_region=region, reason=f"risk {r:.1%} at k*={k} ({how})", **base)

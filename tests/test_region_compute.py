@@ -145,6 +145,34 @@ def test_a_region_finish_starts_only_where_its_calls_are_every_other_step():
     assert gate_decision(model, inst, 0.5)["k"] == 8
 
 
+def test_a_region_finish_keeps_its_share_of_the_trajectory_at_another_n():
+    """Calibrated at 20 steps, 4 calls may span the last 8 of them — and the last 12 of 30,
+    20 of 50 (a call per tenth of the trajectory); a model that did not record its N keeps
+    the absolute rule. The gate plans the region finish where the share allows it."""
+    from carnator_core.gate import RiskModel, _cheapest_acceptable, finish_allows
+    assert finish_allows(12, 20, 4, True, 20) and not finish_allows(11, 20, 4, True, 20)
+    assert finish_allows(18, 30, 4, True, 20) and not finish_allows(17, 30, 4, True, 20)
+    assert finish_allows(30, 50, 4, True, 20) and not finish_allows(29, 50, 4, True, 20)
+    assert not finish_allows(18, 30, 4, True)  # N not recorded: 8 steps at any N
+    edit = {"outside_mean": 0.1, "outside_max": 0.5, "region_fraction": 0.2, "similarity_gap": 0.1}
+    certified = dict(thresholds={"other": {"0.5": 1e9}, "other:guided": {"0.5": 1e9}}, confidence=0.9,
+                     finish_calls={"other": 4}, finish_region={"other": True})
+    for measured, calls in ((20, 4), (0, 0)):
+        model = RiskModel(measured_steps=measured, **certified)
+        plan = _cheapest_acceptable(edit, [18, 15, 12], 30, model, 0.5, True, {"region_tiles": None})
+        assert plan.accept and plan.reuse_step == 18 and plan.finish_calls == calls
+        assert plan.finish_region is bool(calls)
+
+
+def test_the_calibration_records_the_steps_its_reuses_were_measured_with():
+    from carnator_core.calibration import measured_steps
+    at = lambda n: {"features": {}, "depths": [{"k": k, "depth_fraction": k / n} for k in (4, 12)]}
+    assert measured_steps([at(20), at(20)]) == 20 and measured_steps([at(30)]) == 30
+    assert measured_steps([{"features": {}, "depths": []}]) == 0
+    with pytest.raises(ValueError, match="calibrate each N apart"):
+        measured_steps([at(20), at(30)])
+
+
 def test_a_region_is_refused_where_the_conditioning_adds_tokens(tiny_models, requests_in):
     """A reference image (ComfyUI's reference_latents; newer releases' context_latents) adds
     tokens to Wan's input that a region of the latent cannot be placed among: a clear error,

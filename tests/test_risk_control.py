@@ -221,7 +221,7 @@ def test_the_tiny_world_s_bundled_one_step_calibration_is_the_joint_edit_recipe(
     model = RiskModel.load(calibration_file(root / "models", fingerprint, 0.05))
     assert model.calibrated and model.probe_fraction == pytest.approx(0.05)
     assert model.finish_region == {"other": True} and model.finish_calls["other"] == 4
-    assert model.region_fill_on_m and model.region_margin == 1
+    assert model.region_fill_on_m and model.region_margin == 1 and model.measured_steps == 20
     assert all(model.threshold_for(0.05, klass) for klass in EVIDENCE_CLASSES)
     for alpha in (0.02, 0.05, 0.1):  # same-scene reuse is certified from 5% on, edits from 2%
         for klass in EVIDENCE_CLASSES:
