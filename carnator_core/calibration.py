@@ -216,10 +216,7 @@ def _certify_joint(model: RiskModel, instances: list[dict], delta: float, budget
 
 
 def _class_finishes(model: RiskModel) -> dict[str, list[int]]:
-    """Per evidence class, the finishes its thresholds are certified for: every step (0) and
-    the guided finish the calibration measured it with."""
-    return {k: [0] + ([model.finish_calls[k]] if model.finish_calls.get(k) else [])
-            for k in EVIDENCE_CLASSES}
+    return {k: model.class_finishes(k) for k in EVIDENCE_CLASSES}
 
 
 def _certifiable(instances: list[dict], max_region_fraction: float) -> list[dict]:

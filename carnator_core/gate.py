@@ -215,11 +215,15 @@ class RiskModel:
         certified = self.threshold_for(alpha, option_key(evidence_class(features), finish_calls))
         return certified is not None and self.score(features) <= certified[1] + 1e-9
 
-    def finish_options(self, features: dict[str, float], guided: bool = True) -> list[int]:
-        """The finishes a reuse with this evidence may run: every step (0), and the guided
-        finish where the calibration measured it for the class."""
-        calls = self.finish_calls.get(evidence_class(features), 0) if guided else 0
+    def class_finishes(self, klass: str) -> list[int]:
+        """The finishes an evidence class's thresholds are certified for: every step (0), and
+        the guided finish where the calibration measured it for the class."""
+        calls = self.finish_calls.get(klass, 0)
         return [0, calls] if calls else [0]
+
+    def finish_options(self, features: dict[str, float], guided: bool = True) -> list[int]:
+        """The finishes a reuse with this evidence may run (``guided`` False: every step)."""
+        return self.class_finishes(evidence_class(features)) if guided else [0]
 
     def save(self, path: str | Path) -> None:
         Path(path).write_text(json.dumps(asdict(self), indent=2))
