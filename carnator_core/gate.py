@@ -56,17 +56,28 @@ REGION_FINISH_STEPS_PER_CALL = 2
 
 
 def finish_allows(k: int, steps: int, finish_calls: int, region: bool, measured_steps: int = 0) -> bool:
-    """Whether this finish may start at k: a region finish only where its full calls are at
-    least every ``REGION_FINISH_STEPS_PER_CALL``-th step left — of the ``measured_steps``
-    its reuses were measured with. At another N the rule keeps its share of the trajectory
-    (a call per 2/20 of it at any N, as the gate's depths keep theirs): the outside's keys
-    and values age with the σ a call spans, not with how many steps cut it."""
+    """Whether this finish may start at k: a region finish only within the share of the
+    trajectory it was measured on — where its calls are every ``REGION_FINISH_STEPS_PER_CALL``-th
+    step of the ``measured_steps`` (0: not recorded, the steps as they are). 4 calls span the
+    last 8 of 20 steps, so the last 12 of 30 and 20 of 50 (``finish_calls_at`` adds calls
+    there), as the gate's depths transfer to another N by their share of it."""
     if not (finish_calls and region):
         return True
     span = REGION_FINISH_STEPS_PER_CALL * finish_calls
     if measured_steps:
         span *= steps / measured_steps
     return steps - k <= span + 1e-9
+
+
+def finish_calls_at(k: int, steps: int, finish_calls: int, region: bool) -> int:
+    """The full calls this finish makes from k: a region finish keeps at most
+    ``REGION_FINISH_STEPS_PER_CALL`` steps between its calls at any N. Keeping instead the
+    σ a call spans (4 calls at N = 50, a call every 5 steps) let 9 of 49 edits on `iterate`
+    go beyond tolerance at k = 30 of 50, against 3 finished every step (at N = 30, every 3
+    steps: 4 of 50 against 3); M's outside ages with the steps it skips, not with σ alone."""
+    if not (finish_calls and region):
+        return finish_calls
+    return max(finish_calls, math.ceil((steps - k) / REGION_FINISH_STEPS_PER_CALL))
 
 
 def evidence_class(features: dict[str, float]) -> str:
@@ -533,9 +544,6 @@ def _deepest_acceptable(feats: dict[str, float], depths: list[int], steps: int,
             f"evidence on this model ({strictest}): raise the budget or re-calibrate"), **base)
     how = (f"{klass.replace('_', '-')} evidence, certified at budget {certified[0]:.1%} with "
            f"{model.confidence:.0%} confidence" if certified else f"≤ budget {alpha:.1%}")
-    if finish_calls:
-        how += f", guided finish of {finish_calls} calls" + (
-            " with region M computed between them" if model.finish_region.get(klass) else "")
     region = bool(finish_calls and model.finish_region.get(klass))
     tiles = base.get("region_tiles")
     if region and tiles is not None and bool(tiles.all()):  # widened M is the whole frame
@@ -546,8 +554,11 @@ def _deepest_acceptable(feats: dict[str, float], depths: list[int], steps: int,
         if (finish_allows(k, steps, finish_calls, region, model.measured_steps)
                 and model.accepts(f, alpha, finish_calls)):
             r = model.risk(f)
-            return Plan(True, reuse_step=k, risk=r, features=f, finish_calls=finish_calls,
-                        finish_region=region, reason=f"risk {r:.1%} at k*={k} ({how})", **base)
+            calls = finish_calls_at(k, steps, finish_calls, region)
+            finish = (f", guided finish of {calls} calls" + (" with region M computed between them"
+                                                            if region else "")) if calls else ""
+            return Plan(True, reuse_step=k, risk=r, features=f, finish_calls=calls,
+                        finish_region=region, reason=f"risk {r:.1%} at k*={k} ({how}{finish})", **base)
     f = {**feats, "depth_fraction": depths[-1] / steps}
     r = model.risk(f)
     return Plan(False, risk=r, features=f, reason=(

@@ -145,23 +145,27 @@ def test_a_region_finish_starts_only_where_its_calls_are_every_other_step():
     assert gate_decision(model, inst, 0.5)["k"] == 8
 
 
-def test_a_region_finish_keeps_its_share_of_the_trajectory_at_another_n():
-    """Calibrated at 20 steps, 4 calls may span the last 8 of them — and the last 12 of 30,
-    20 of 50 (a call per tenth of the trajectory); a model that did not record its N keeps
-    the absolute rule. The gate plans the region finish where the share allows it."""
-    from carnator_core.gate import RiskModel, _cheapest_acceptable, finish_allows
+def test_a_region_finish_keeps_its_share_of_the_trajectory_and_its_call_density_at_another_n():
+    """Calibrated at 20 steps, 4 calls may span the last 8 of them — so the last 12 of 30 and
+    20 of 50 (the share of the trajectory), with calls added to keep 2 steps per call; a
+    model that did not record its N keeps the absolute rule. The gate plans it so."""
+    from carnator_core.gate import RiskModel, _cheapest_acceptable, finish_allows, finish_calls_at
     assert finish_allows(12, 20, 4, True, 20) and not finish_allows(11, 20, 4, True, 20)
     assert finish_allows(18, 30, 4, True, 20) and not finish_allows(17, 30, 4, True, 20)
     assert finish_allows(30, 50, 4, True, 20) and not finish_allows(29, 50, 4, True, 20)
     assert not finish_allows(18, 30, 4, True)  # N not recorded: 8 steps at any N
+    assert finish_calls_at(12, 20, 4, True) == 4 and finish_calls_at(16, 20, 4, True) == 4
+    assert finish_calls_at(18, 30, 4, True) == 6 and finish_calls_at(30, 50, 4, True) == 10
+    assert finish_calls_at(30, 50, 4, False) == 4  # the plain guided finish keeps its calls
     edit = {"outside_mean": 0.1, "outside_max": 0.5, "region_fraction": 0.2, "similarity_gap": 0.1}
     certified = dict(thresholds={"other": {"0.5": 1e9}, "other:guided": {"0.5": 1e9}}, confidence=0.9,
                      finish_calls={"other": 4}, finish_region={"other": True})
-    for measured, calls in ((20, 4), (0, 0)):
+    for measured, calls in ((20, 6), (0, 0)):
         model = RiskModel(measured_steps=measured, **certified)
         plan = _cheapest_acceptable(edit, [18, 15, 12], 30, model, 0.5, True, {"region_tiles": None})
         assert plan.accept and plan.reuse_step == 18 and plan.finish_calls == calls
         assert plan.finish_region is bool(calls)
+        assert ("guided finish of 6 calls with region M" in plan.reason) is bool(calls)
 
 
 def test_the_calibration_records_the_steps_its_reuses_were_measured_with():
