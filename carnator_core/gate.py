@@ -72,9 +72,9 @@ def finish_allows(k: int, steps: int, finish_calls: int, region: bool, measured_
 def finish_calls_at(k: int, steps: int, finish_calls: int, region: bool) -> int:
     """The full calls this finish makes from k: a region finish keeps at most
     ``REGION_FINISH_STEPS_PER_CALL`` steps between its calls at any N. Keeping instead the
-    σ a call spans (4 calls at N = 50, a call every 5 steps) let 9 of 49 edits on `iterate`
-    go beyond tolerance at k = 30 of 50, against 3 finished every step (at N = 30, every 3
-    steps: 4 of 50 against 3); M's outside ages with the steps it skips, not with σ alone."""
+    σ a call spans (4 calls at N = 50, a call every 5 steps) left 9 of 56 other-evidence
+    hits on `iterate` at k = 30 of 50 below 30 dB, against 3 finished every step (at N = 30,
+    every 3 steps: 4 of 57 against 3); M's outside ages with the steps it skips, not σ alone."""
     if not (finish_calls and region):
         return finish_calls
     return max(finish_calls, math.ceil((steps - k) / REGION_FINISH_STEPS_PER_CALL))
