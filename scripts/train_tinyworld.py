@@ -7,7 +7,8 @@
     python scripts/train_tinyworld.py --diag                  # layout-word separation, no sampling
 
 Language: ``--language broad`` draws ``--broad-share`` of the bank's captions from
-tinyworld.language's training families (the rest stay world.caption()'s); the held-out
+tinyworld.language's training families of revision 1, ``broad2`` from every training family
+(revision 2) (the rest stay world.caption()'s); the held-out
 families are for bench/phrasing.py only. The default, ``caption``, is the committed model's.
 
 Curriculum / recipe options: ``--objects 1`` trains on the 1-object scenes of the bank only
@@ -117,11 +118,18 @@ def bank_captions(n, seed, language="caption", broad_share=0.5):
         scenes.append(s)
         if language == "caption":
             captions.append(WD.caption(s, rng))
-        elif language == "broad":
-            captions.append(LANG.training_caption(s, rng, broad_share))
         else:
-            raise ValueError(f"--language {language!r}: use 'caption' or 'broad'")
+            captions.append(LANG.training_caption(s, rng, broad_share, language_families(language)))
     return scenes, captions
+
+
+def language_families(language):
+    """The training families a broad language draws from: ``broad`` is revision 1 (the steps
+    trained on it stay reproducible), ``broad2`` every training family."""
+    families = {"broad": LANG.TRAIN_FAMILIES_REVISION_1, "broad2": LANG.TRAIN_FAMILIES}
+    if language not in families:
+        raise ValueError(f"--language {language!r}: use 'caption', 'broad' or 'broad2'")
+    return families[language]
 
 
 def bank_path(cache_dir, n, seed, language, captions):
@@ -168,7 +176,7 @@ def second_captions(scenes, seed, language, broad_share):
     rng = random.Random(f"second-phrasing-{seed}")
     if language == "caption":
         return [WD.caption(s, rng) for s in scenes]
-    return [LANG.training_caption(s, rng, broad_share) for s in scenes]
+    return [LANG.training_caption(s, rng, broad_share, language_families(language)) for s in scenes]
 
 
 def make_batch(bank, idx, rng_np, drop_p, with_masks=False):
@@ -551,9 +559,10 @@ def main():
     p.add_argument("--rewarm", type=int, default=0, help="linear lr warm-up over this many steps after resuming")
     p.add_argument("--bank", type=int, default=8192)
     p.add_argument("--seed", type=int, default=1)
-    p.add_argument("--language", choices=("caption", "broad"), default="caption",
+    p.add_argument("--language", choices=("caption", "broad", "broad2"), default="caption",
                    help="training captions: world.caption()'s paraphrases (the committed model), or "
-                        "'broad': tinyworld.language's training families mixed with them (issue 13)")
+                        "'broad' / 'broad2': tinyworld.language's training families of revision 1 / 2 mixed "
+                        "with them (issue 13)")
     p.add_argument("--broad-share", type=float, default=0.5,
                    help="with --language broad, the share of captions from the training families")
     p.add_argument("--consistency", type=float, default=0.0,

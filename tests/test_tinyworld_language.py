@@ -236,6 +236,24 @@ def test_training_bank_language_option(tmp_path):
         tr.bank_captions(2, 1, "french")
 
 
+def test_language_revision_2_adds_training_families_and_revision_1_still_draws_alone():
+    """The retraining recipe went on in revision 2 from a checkpoint trained on revision 1:
+    `broad` must keep drawing revision 1 only (the recipe's earlier steps), `broad2` all."""
+    tr = _train_script()
+    added = set(LANG.ADDED_IN_REVISION_2)
+    assert added <= set(LANG.TRAIN_FAMILIES) and not added & set(LANG.HELD_OUT_FAMILIES)
+    assert set(LANG.TRAIN_FAMILIES_REVISION_1) == set(LANG.TRAIN_FAMILIES) - added
+    rng = random.Random(9)
+    scenes = [WD.random_scene(rng) for _ in range(400)]
+    first = [LANG.compose(s, random.Random(i), LANG.TRAIN_FAMILIES_REVISION_1) for i, s in enumerate(scenes)]
+    assert not set().union(*map(used_families, first)) & added
+    second = [LANG.compose(s, random.Random(i), LANG.TRAIN_FAMILIES) for i, s in enumerate(scenes)]
+    assert added <= set().union(*map(used_families, second))
+    assert tr.bank_captions(300, 7, "broad2", 1.0)[1] != tr.bank_captions(300, 7, "broad", 1.0)[1]
+    with pytest.raises(ValueError, match="held-out"):
+        LANG.training_caption(scenes[0], random.Random(0), 1.0, LANG.ALL_FAMILIES)
+
+
 # --------------------------------------------------------------- the benchmark, tiny
 @pytest.mark.skipif(not MODEL.exists(), reason="committed tiny-world model not present")
 def test_phrasing_benchmark_smoke(tmp_path):
