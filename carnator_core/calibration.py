@@ -18,7 +18,7 @@ import random
 from pathlib import Path
 
 from .gate import (DEFAULT_PROBE_FRACTION, EVIDENCE_CLASSES, FEATURES, RiskModel, calibration_file,
-                   evidence_class, finish_allows, finish_cost, option_key)
+                   evidence_class, finish_allows, finish_calls_at, finish_cost, option_key)
 from .risk_control import certify, clopper_pearson_upper
 
 
@@ -77,7 +77,8 @@ def gate_decision(model: RiskModel, inst: dict, alpha: float, max_region_fractio
         return None
     picks = []
     for calls in model.finish_options(inst["features"]):
-        for d in sorted(_depths(inst, min_k, max_k, calls), key=lambda d: -d["k"]):
+        depths = _depths(inst, min_k, max_k, calls, model.measured_steps)
+        for d in sorted(depths, key=lambda d: -d["k"]):
             f = {**inst["features"], "depth_fraction": d["depth_fraction"]}
             if model.accepts(f, alpha, calls):
                 picks.append({**d, "risk": model.risk(f)})
@@ -94,11 +95,17 @@ def _finished(depths: list[dict], finish_calls: int) -> list[dict]:
     return [d for d in depths if d.get("finish_calls", 0) == finish_calls]
 
 
-def _depths(inst: dict, min_k: int | None, max_k: int | None, finish_calls: int = 0) -> list[dict]:
-    # a region finish is measured at every depth but may only start where gate.finish_allows
+def _depths(inst: dict, min_k: int | None, max_k: int | None, finish_calls: int = 0,
+            measured_steps: int = 0) -> list[dict]:
+    # A region finish is measured at every depth but may only start where gate.finish_allows,
+    # and at another N than the calibration's the gate adds calls (gate.finish_calls_at): a
+    # depth measured with fewer calls than the gate would make there is not what it runs.
+    def as_gate_runs(d: dict) -> bool:
+        steps, region = round(d["k"] / d["depth_fraction"]), "region_steps" in d
+        return (finish_allows(d["k"], steps, finish_calls, region, measured_steps)
+                and finish_calls_at(d["k"], steps, finish_calls, region) == finish_calls)
     return [d for d in _finished(inst["depths"], finish_calls)
-            if (min_k is None or d["k"] >= min_k) and (max_k is None or d["k"] <= max_k)
-            and finish_allows(d["k"], round(d["k"] / d["depth_fraction"]), finish_calls, "region_steps" in d)]
+            if (min_k is None or d["k"] >= min_k) and (max_k is None or d["k"] <= max_k) and as_gate_runs(d)]
 
 
 def evaluate(model: RiskModel, instances: list[dict], alphas=(0.02, 0.05, 0.10),
@@ -231,7 +238,7 @@ def _scored(model: RiskModel, inst: dict, calls: int, min_k: int | None,
     """This pair's reuses with one finish, deepest first, each with the score the thresholds
     compare."""
     return [(model.score({**inst["features"], "depth_fraction": d["depth_fraction"]}), d)
-            for d in sorted(_depths(inst, min_k, max_k, calls), key=lambda d: -d["k"])]
+            for d in sorted(_depths(inst, min_k, max_k, calls, model.measured_steps), key=lambda d: -d["k"])]
 
 
 def _thinned_grid(scores) -> list[float]:

@@ -166,6 +166,16 @@ def test_a_region_finish_keeps_its_share_of_the_trajectory_and_its_call_density_
         assert plan.accept and plan.reuse_step == 18 and plan.finish_calls == calls
         assert plan.finish_region is bool(calls)
         assert ("guided finish of 6 calls with region M" in plan.reason) is bool(calls)
+    # the calibration's replay of the gate follows it: measured at 30 steps, a 4-call region
+    # finish at k = 18 is not what the gate runs there (6 calls), a 6-call one is
+    from carnator_core.calibration import gate_decision
+    at_30 = lambda k, calls: {"k": k, "depth_fraction": k / 30, "label": 0, "finish_calls": calls,
+                              "region_steps": 30 - k, "token_share": 0.2}
+    model = RiskModel(measured_steps=20, **certified)
+    assert model.finish_options(edit) == [0, 4]
+    assert gate_decision(model, {"features": edit, "depths": [at_30(18, 4)]}, 0.5) is None
+    pick = gate_decision(model, {"features": edit, "depths": [at_30(18, 4), at_30(22, 4)]}, 0.5)
+    assert pick["k"] == 22  # 8 steps left: the 4 calls are what the gate makes there too
 
 
 def test_the_calibration_records_the_steps_its_reuses_were_measured_with():
