@@ -10,8 +10,11 @@ against the scene -- never by reading the prompt:
 
 - ``canonical``  ``world.caption(scene, canonical=True)``;
 - ``caption``    a ``world.caption()`` paraphrase: the language the committed model was trained on;
-- ``training``   K distinct phrasings from ``tinyworld.language.TRAIN_FAMILIES`` (--training,
-                 as many as held-out ones: the gap to training compares like with like);
+- ``training``   K distinct phrasings from the training families of the language's revision 1
+                 (``TRAIN_FAMILIES_REVISION_1``; --training, as many as held-out ones: the gap to
+                 training compares like with like). Revision 2 added training families; drawing
+                 from revision 1 keeps every prompt -- held-out ones included, drawn from the
+                 same stream -- what earlier runs measured, so runs stay comparable;
 - ``held_out``   K distinct phrasings from ``HELD_OUT_FAMILIES``: structures a model trained
                  with ``--language broad`` never saw.
 
@@ -61,7 +64,7 @@ def prompts_for(scene: dict, rng: random.Random, held_out: int, training: int = 
     and the held-out ones are the same whatever ``training`` is."""
     from tinyworld import language as LANG
     from tinyworld import world as WD
-    train = LANG.compose(scene, rng, LANG.TRAIN_FAMILIES)
+    train = LANG.compose(scene, rng, LANG.TRAIN_FAMILIES_REVISION_1)
     out = [{"row": "canonical", "prompt": WD.caption(scene, canonical=True)},
            {"row": "caption", "prompt": WD.caption(scene, rng)},
            {"row": "training", "prompt": train.text, "families": train.families}]
@@ -79,7 +82,7 @@ def prompts_for(scene: dict, rng: random.Random, held_out: int, training: int = 
     for _ in range(100 * training):
         if len(told) >= training:
             break
-        got = LANG.compose(scene, rng, LANG.TRAIN_FAMILIES)
+        got = LANG.compose(scene, rng, LANG.TRAIN_FAMILIES_REVISION_1)
         if got.text not in told:
             told.add(got.text)
             out.append({"row": "training", "prompt": got.text, "families": got.families})
@@ -231,7 +234,7 @@ def main(argv=None) -> dict:
         "fingerprint": world.fingerprint, "steps": a.steps, "cfg": a.cfg, "sampler": world.sampler,
         "scheduler": world.scheduler, "seed_policy": "same_seed", "psnr_bound": a.psnr_bound,
         "seed": a.seed, "phrase_seed": a.phrase_seed, "threads": a.threads,
-        "train_families": list(LANG.TRAIN_FAMILIES), "held_out_families": list(LANG.HELD_OUT_FAMILIES),
+        "train_families": list(LANG.TRAIN_FAMILIES_REVISION_1), "held_out_families": list(LANG.HELD_OUT_FAMILIES),
         "per_attribute": "share of prompts with that attribute right for every object (count: object count right)",
         "seconds": round(time.time() - t_start, 1)}
     results["command"] = "python bench/phrasing.py" + "".join(f" {x}" for x in (argv if argv is not None else sys.argv[1:]))

@@ -290,3 +290,16 @@ def test_phrasing_benchmark_draws_more_training_phrasings_without_moving_the_oth
     texts = [p["prompt"] for p in three if p["row"] == "training"]
     assert len(set(texts)) == 3
     assert all(set(p["families"]["clause"]) <= set(LANG.TRAIN_FAMILIES) for p in extra)
+
+
+def test_phrasing_benchmark_prompts_are_the_ones_earlier_runs_measured():
+    """Revision 2 of the language added training families; the benchmark still draws its
+    prompts as every committed measurement did, so the runs before and after compare."""
+    import random
+    mod = repo_scripts.load("bench/phrasing.py", "bench_phrasing")
+    saved = json.loads((REPO / "bench/results/studies/phrasing_consistency_21124.json").read_text())
+    st = saved["settings"]
+    scenes = mod.scenes_and_seeds(6, st["seed"])
+    got = [p["prompt"] for i, (scene, _) in enumerate(scenes)
+           for p in mod.prompts_for(scene, random.Random(st["phrase_seed"] * 1_000_003 + i), 3, 3)]
+    assert got == [r["prompt"] for r in saved["records"] if r["scene"] < 6]
