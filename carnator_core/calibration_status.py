@@ -25,6 +25,7 @@ def model_status(cache_folder: str | Path, fingerprint: str, model: RiskModel | 
            "where": where, "source": model.source, "measured_reuses": model.measured_reuses,
            "tolerance": model.tolerance, "confidence": model.confidence,
            "certified_budgets": sorted({float(a) for t in model.thresholds.values() for a in t}),
+           "measured_steps": model.measured_steps,
            "problem": problem, "audits": {}, "probe_fraction": float(probe_fraction),
            "other_probes": other_probes(folder, fingerprint, probe_fraction)}
     if (folder / audit.DB_NAME).exists():
@@ -51,8 +52,9 @@ def known_fingerprints(cache_folder: str | Path, from_entries: list[str] = ()) -
     return sorted(found)
 
 
-def status_line(status: dict, alpha: float | None = None) -> str:
-    """One line for a node summary."""
+def status_line(status: dict, alpha: float | None = None, steps: int | None = None) -> str:
+    """One line for a node summary (``steps``: the request's, to say when the calibration was
+    measured at another number of steps)."""
     if status["problem"]:
         return f"gate: calibration file unusable ({status['problem']})"
     if not status["calibrated"]:
@@ -72,6 +74,13 @@ def status_line(status: dict, alpha: float | None = None) -> str:
                 + f" ({status['measured_reuses']:,} reuses measured"
                 + (f", PSNR on {tol.get('space')} ≥ {tol.get('psnr_bound'):g} dB" if tol else "")
                 + ")")
+        measured = status.get("measured_steps") or 0
+        if steps and measured and steps != measured:
+            # Depths transfer by their share of the steps, but the risk at a share was measured
+            # at one N only: on the tiny world, α = 10% calibrated at 20 steps measured 10-11%
+            # at 50 (docs/results.md, "Every budget at N = 30 and 50").
+            line += (f" · measured at {measured} steps: at {steps} the depths carry over by their "
+                     f"share and α is not certified (calibrate at {steps} steps to make it a promise)")
     a = status["audits"].get(f"{alpha:g}") if alpha is not None else None
     if a:
         al = a["all"]

@@ -245,6 +245,11 @@ def test_a_calibration_holds_for_the_probe_it_was_measured_with(tiny_models, req
     requests_in.settings.probe_fraction = 0.25
     _, same_probe = requests_in(model, "wan21", PROMPT, seed=8)
     assert "gate: calibrated for probe_fraction 0.25" in same_probe.calibration, same_probe.text()
+    # measured at 8 steps, these requests sample 10: the summary says α is not certified here
+    assert same_probe.steps_total == 10 and risk_model_for(folder, fp, 0.25).measured_steps == 8
+    assert "measured at 8 steps: at 10 the depths carry over" in same_probe.calibration
+    at_eight = status_line(model_status(folder, fp, probe_fraction=0.25), 0.05, 8)
+    assert "gate: calibrated" in at_eight and "measured at" not in at_eight
 
     # a file whose name and content disagree is refused, and the request still runs (a miss)
     (Path(folder) / "calibration" / f"{fp}.json").write_text(
