@@ -57,6 +57,13 @@ TARGETS = {"held_out_all_right_min": 0.90, "held_out_per_attribute_min": 0.95,
            "gap_to_training_max": 0.03, "held_out_pairs_within_bound_min": 0.80}
 
 
+def measured_training_families() -> tuple[str, ...]:
+    """The training families the ``training`` row draws from: revision 1's, so every prompt
+    (held-out ones too, drawn from the same stream) stays the one earlier runs measured."""
+    from tinyworld import language as LANG
+    return LANG.TRAIN_FAMILIES_REVISION_1
+
+
 def prompts_for(scene: dict, rng: random.Random, held_out: int, training: int = 1) -> list[dict]:
     """The scene's prompts: canonical, a caption() paraphrase, ``training`` distinct
     training-family phrasings and ``held_out`` distinct held-out-family phrasings (with the
@@ -64,7 +71,7 @@ def prompts_for(scene: dict, rng: random.Random, held_out: int, training: int = 
     and the held-out ones are the same whatever ``training`` is."""
     from tinyworld import language as LANG
     from tinyworld import world as WD
-    train = LANG.compose(scene, rng, LANG.TRAIN_FAMILIES_REVISION_1)
+    train = LANG.compose(scene, rng, measured_training_families())
     out = [{"row": "canonical", "prompt": WD.caption(scene, canonical=True)},
            {"row": "caption", "prompt": WD.caption(scene, rng)},
            {"row": "training", "prompt": train.text, "families": train.families}]
@@ -82,7 +89,7 @@ def prompts_for(scene: dict, rng: random.Random, held_out: int, training: int = 
     for _ in range(100 * training):
         if len(told) >= training:
             break
-        got = LANG.compose(scene, rng, LANG.TRAIN_FAMILIES_REVISION_1)
+        got = LANG.compose(scene, rng, measured_training_families())
         if got.text not in told:
             told.add(got.text)
             out.append({"row": "training", "prompt": got.text, "families": got.families})
@@ -234,7 +241,7 @@ def main(argv=None) -> dict:
         "fingerprint": world.fingerprint, "steps": a.steps, "cfg": a.cfg, "sampler": world.sampler,
         "scheduler": world.scheduler, "seed_policy": "same_seed", "psnr_bound": a.psnr_bound,
         "seed": a.seed, "phrase_seed": a.phrase_seed, "threads": a.threads,
-        "train_families": list(LANG.TRAIN_FAMILIES_REVISION_1), "held_out_families": list(LANG.HELD_OUT_FAMILIES),
+        "train_families": list(measured_training_families()), "held_out_families": list(LANG.HELD_OUT_FAMILIES),
         "per_attribute": "share of prompts with that attribute right for every object (count: object count right)",
         "seconds": round(time.time() - t_start, 1)}
     results["command"] = "python bench/phrasing.py" + "".join(f" {x}" for x in (argv if argv is not None else sys.argv[1:]))
