@@ -23,6 +23,9 @@ comparisons never have to read prose back (a speed word, for one, is in the prom
   changed (the world has one speed, so the reference decides what the word does).
 - calibration_paraphrases.jsonl: 360 more paraphrase pairs, groups after the calibration's
   (a study of the same-scene guided finish, issue 10).
+- serve_reworded.jsonl: serve's requests (same scenes, popularity and seeds), each written in
+  the held-out template families of tinyworld.language, phrasings neither the model's training
+  nor the calibration ever drew: the gate on people's own rewording (issue 13).
 """
 from __future__ import annotations
 
@@ -126,6 +129,13 @@ def serve(n_requests=240, n_scenes=40, zipf_s=1.1, seed=2002):
                       "seed_policy": "shared_noise", "scene_id": sid,
                       "scene": scene_field(scenes[sid])})
     return lines
+
+
+def reworded(lines: list[dict], seed=2020) -> list[dict]:
+    """``lines`` with each prompt phrased anew from the held-out families (scene, seed kept)."""
+    from tinyworld import language as LANG
+    rng = random.Random(seed)
+    return [dict(ln, prompt=LANG.phrase(ln["scene"], rng, LANG.HELD_OUT_FAMILIES)) for ln in lines]
 
 
 CALIBRATION_KINDS = tuple(k for k in WD.PAIR_KINDS if k != "identical")
@@ -339,7 +349,8 @@ def workloads() -> dict:
     more = more_paraphrase_pairs(first_group=1 + max(x["group"] for x in cal), exclude=held)
     assert not {x["seed"] for x in more} & {x["seed"] for x in cal + it + sv + nv + replicate}
     return {"iterate": it, "serve": sv, "novel": nv, "calibration": cal, "drift": drift(),
-            "iterate_replicate": replicate, "calibration_paraphrases": more}
+            "iterate_replicate": replicate, "calibration_paraphrases": more,
+            "serve_reworded": reworded(sv)}
 
 
 def main(argv=None):

@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# The deeper recipe's tiny-world numbers (README "The deeper recipe: probe_fraction 0.05" and
+# "More steps") measured on one model, from its calibration to every workload (not part of CI).
+# Resumable: a step whose result file exists is skipped, so rerun it (same arguments) after a
+# session ends; each step runs two processes at a time (one per core).
+#   MODEL=models/tinyworld_language/carnator_tinyworld_wan21.safetensors TAG=lang2 \
+#     bash scripts/deeper_recipe_results.sh    # calibration ~85 min, N = 20 ~45 min,
+#                                              # N = 30 and 50 ~80 min (2 cores)
+# Writes bench/results/studies/${TAG}_region4_calibration/ (measurements, the joint fit, the
+# calibration file the benchmarks load) and bench/results/studies/tinyworld_${TAG}_region4_*.json.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PY:-.venv/bin/python}
+MODEL=${MODEL:-models/tinyworld/carnator_tinyworld_wan21.safetensors}
+TAG=${TAG:?name the results, e.g. TAG=lang2}
+S=bench/results/studies
+CAL=$S/${TAG}_region4_calibration
+SCRATCH=${SCRATCH:-out/${TAG}_cache}
+both() {  # run two commands in parallel; fail if either fails
+  bash -c "$1" & local a=$!
+  bash -c "$2" & local b=$!
+  wait "$a" && wait "$b"
+}
+skip_or() { if [ -f "$1" ]; then echo "[deeper] have $1" >&2; echo true; else echo "$2"; fi; }
+
+# 1. the calibration pairs measured with the recipe: 1-step probe, M filled on its own tokens and
+#    widened by a tile, the 4-call region finish for edits, the 4-call guided finish for same-scene
+RECIPE="--model $MODEL --probe-fraction 0.05 --fill-on-m --region-margin 1 --other-finish-calls 4 \
+  --other-finish-region --threads 1 --results $CAL"
+both "$(skip_or "$CAL/calibration_measurements.0-of-2.jsonl" "$PY bench/calibrate.py $RECIPE --shard 0/2 --cache $SCRATCH/0")" \
+     "$(skip_or "$CAL/calibration_measurements.1-of-2.jsonl" "$PY bench/calibrate.py $RECIPE --shard 1/2 --cache $SCRATCH/1")"
+# 2. one threshold per evidence class, certified by Learn-then-Test on the gate's choice (seconds)
+$PY bench/calibrate.py --model "$MODEL" --probe-fraction 0.05 --form signed --joint --results "$CAL" \
+    --cache "$SCRATCH/fit" --instances "$CAL"/calibration_measurements.{0,1}-of-2.jsonl
+RISK=$(ls "$CAL"/calibration/*.probe0.05.json)
+
+# 3. the workloads at N = 20, every budget (serve_reworded: serve in phrasings nobody trained or
+#    calibrated on); then N = 30 and 50 (the 20-step calibration carried over by depth shares:
+#    no stated guarantee there). Two at a time, in this order.
+run() {  # workload steps
+  local out=$S/tinyworld_${TAG}_region4_$1$([ "$2" = 20 ] || echo "_n$2").json
+  skip_or "$out" "$PY bench/tinyworld.py $1 --model $MODEL --steps $2 --probe-fraction 0.05 \
+--budgets 0.02 0.05 0.1 --no-sparse-system --records --no-plots --threads 1 --risk-model $RISK --out $out"
+}
+for job in "serve 20" "iterate 20" "serve_reworded 20" "novel 20" "iterate_replicate 20" \
+           "serve 30" "iterate 30" "serve 50" "iterate 50"; do
+  run $job
+done | xargs -d '\n' -P 2 -I{} bash -c {}
+echo "[deeper] done: $CAL and $S/tinyworld_${TAG}_region4_*.json"
