@@ -4,8 +4,8 @@
 # Resumable: a step whose result file exists is skipped, so rerun it (same arguments) after a
 # session ends; each step runs two processes at a time (one per core).
 #   MODEL=models/tinyworld_language/carnator_tinyworld_wan21.safetensors TAG=lang2 \
-#     bash scripts/deeper_recipe_results.sh    # calibration ~85 min, N = 20 ~45 min,
-#                                              # N = 30 and 50 ~80 min (2 cores)
+#     bash scripts/deeper_recipe_results.sh    # calibration ~85 min, N = 20 ~45 min, N = 30
+#        # and 50 ~80 min, EasyCache'd model's calibration ~85 min and its sweeps ~30 min (2 cores)
 # Writes bench/results/studies/${TAG}_region4_calibration/ (measurements, the joint fit, the
 # calibration file the benchmarks load) and bench/results/studies/tinyworld_${TAG}_region4_*.json.
 set -euo pipefail
@@ -46,4 +46,23 @@ for job in "serve 20" "iterate 20" "serve_reworded 20" "novel 20" "iterate_repli
            "serve 30" "iterate 30" "serve 50" "iterate 50"; do
   run $job
 done | xargs -d '\n' -P 2 -I{} bash -c {}
-echo "[deeper] done: $CAL and $S/tinyworld_${TAG}_region4_*.json"
+
+# 4. against ComfyUI's EasyCache: EasyCache alone swept over its threshold beside Carnator, then
+#    Carnator on the EasyCache'd model with that model's own calibration (EasyCache changes the
+#    fingerprint, and its error adds to the reuse's), read at matched PSNR by compose_report
+SWEEP="--model $MODEL --probe-fraction 0.05 --budgets 0.05 --no-sparse-system --records --no-plots --threads 1"
+CAL_E=$S/${TAG}_region4_easycache_calibration
+both "$(skip_or "$CAL_E/calibration_measurements.0-of-2.jsonl" "$PY bench/calibrate.py $RECIPE --easycache 0.02 \
+--results $CAL_E --shard 0/2 --cache $SCRATCH/e0")" \
+     "$(skip_or "$CAL_E/calibration_measurements.1-of-2.jsonl" "$PY bench/calibrate.py $RECIPE --easycache 0.02 \
+--results $CAL_E --shard 1/2 --cache $SCRATCH/e1")"
+$PY bench/calibrate.py --model "$MODEL" --easycache 0.02 --probe-fraction 0.05 --form signed --joint \
+    --results "$CAL_E" --cache "$SCRATCH/efit" --instances "$CAL_E"/calibration_measurements.{0,1}-of-2.jsonl
+for wl in serve iterate; do
+  out=$S/tinyworld_${TAG}_region4_easycache_$wl.json
+  skip_or "$out" "$PY bench/tinyworld.py $wl $SWEEP --risk-model $RISK --easycache 0.02 0.03 0.05 0.08 0.1 0.2 \
+--easycache-carnator 0.02 --easycache-risk-model $CAL_E/calibration --out $out"
+done | xargs -d '\n' -P 2 -I{} bash -c {}
+$PY bench/compose_report.py $S/tinyworld_${TAG}_region4_{serve,iterate}.json \
+    $S/tinyworld_${TAG}_region4_easycache_{serve,iterate}.json --out $S/easycache_compute_${TAG}_region4.json --no-plots
+echo "[deeper] done: $CAL, $CAL_E and $S/{tinyworld,easycache_compute}_${TAG}_region4*.json"
