@@ -447,9 +447,12 @@ def test_miss_then_hit_on_the_node_and_the_cache_tab(server):
                 assert got["grey"] > 0.5 and got["coloured"] > 0.02 and got["rough"] < 20, got
             totals = page.locator(".carnator-totals").inner_text()
             assert "2 entries" in totals and "hit rate 50%" in totals, totals
-            # the gate panel: this model is calibrated (its file in the cache), no audits yet
+            # the gate panel: this model is calibrated (its file in the cache), at the steps
+            # its calibration records (the route's measured_steps), no audits yet
             gate = page.locator(".carnator-gate").first.inner_text()
             assert "calibrated: " in gate and "reuses measured" in gate, gate
+            listed = server.get("/carnator/calibration")["models"][0]
+            assert (f"measured at {listed['measured_steps']} steps" in gate) == bool(listed["measured_steps"]), gate
             assert "no live audits yet" in gate, gate
             page.screenshot(path=str(OUTPUT / f"04-cache-tab-{name}.png"))
 

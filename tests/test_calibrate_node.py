@@ -49,6 +49,7 @@ def test_calibrate_node_writes_the_calibration_the_sampler_then_uses(tmp_path):
         assert mine["calibrated"] and mine["measured_reuses"] == saved["measured_reuses"]
         assert mine["example"] == BASE
         assert mine["probe_fraction"] == 0.1 and mine["other_probes"] == []
+        assert mine["measured_steps"] == 8  # the steps it was calibrated at (the cache tab says so)
         # a calibration for another probe is listed beside it, never used for this one
         other = dict(saved, probe_fraction=0.05)
         (server.cache_dir / "calibration" / f"{fingerprint}.probe0.05.json").write_text(json.dumps(other))

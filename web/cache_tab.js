@@ -181,6 +181,8 @@ class CachePanel {
       const others = (m.other_probes ?? []).length ? ` · also for probe_fraction ${m.other_probes.join(", ")}` : "";
       const what = m.problem ? `calibration unusable: ${m.problem}`
         : m.calibrated ? `calibrated: ${m.measured_reuses.toLocaleString()} reuses measured` +
+          // α is certified at the steps it was measured with; other N borrow it by depth share
+          (m.measured_steps ? ` at ${m.measured_steps} steps` : "") +
           (tol ? `, PSNR on ${tol.space} ≥ ${tol.psnr_bound} dB` : "") + others
           : others ? `uncalibrated at probe_fraction ${m.probe_fraction}; calibrated for probe_fraction ${m.other_probes.join(", ")}`
           : "uncalibrated prior: α is a relative knob (run Carnator Calibrate)";
