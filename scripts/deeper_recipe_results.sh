@@ -24,14 +24,18 @@ both() {  # run two commands in parallel; fail if either fails
 skip_or() { if [ -f "$1" ]; then echo "[deeper] have $1" >&2; echo true; else echo "$2"; fi; }
 
 # 1. the calibration pairs measured with the recipe: 1-step probe, M filled on its own tokens and
-#    widened by a tile, the 4-call region finish for edits, the 4-call guided finish for same-scene
-RECIPE="--model $MODEL --probe-fraction 0.05 --fill-on-m --region-margin 1 --other-finish-calls 4 \
-  --other-finish-region --threads 1 --results $CAL"
-both "$(skip_or "$CAL/calibration_measurements.0-of-2.jsonl" "$PY bench/calibrate.py $RECIPE --shard 0/2 --cache $SCRATCH/0")" \
-     "$(skip_or "$CAL/calibration_measurements.1-of-2.jsonl" "$PY bench/calibrate.py $RECIPE --shard 1/2 --cache $SCRATCH/1")"
-# 2. one threshold per evidence class, certified by Learn-then-Test on the gate's choice (seconds)
-$PY bench/calibrate.py --model "$MODEL" --probe-fraction 0.05 --form signed --joint --results "$CAL" \
-    --cache "$SCRATCH/fit" --instances "$CAL"/calibration_measurements.{0,1}-of-2.jsonl
+#    widened by a tile, the 4-call region finish for edits, the 4-call guided finish for same-scene;
+# 2. then one threshold per evidence class, certified by Learn-then-Test on the gate's choice
+calibrate() {  # results folder, scratch name, extra arguments (the same for the shards and the fit)
+  local dir=$1 name=$2; shift 2
+  local recipe="--model $MODEL --probe-fraction 0.05 --fill-on-m --region-margin 1 --other-finish-calls 4 \
+--other-finish-region --threads 1 --results $dir $*"
+  both "$(skip_or "$dir/calibration_measurements.0-of-2.jsonl" "$PY bench/calibrate.py $recipe --shard 0/2 --cache $SCRATCH/${name}0")" \
+       "$(skip_or "$dir/calibration_measurements.1-of-2.jsonl" "$PY bench/calibrate.py $recipe --shard 1/2 --cache $SCRATCH/${name}1")"
+  $PY bench/calibrate.py --model "$MODEL" --probe-fraction 0.05 --form signed --joint --results "$dir" "$@" \
+      --cache "$SCRATCH/${name}fit" --instances "$dir"/calibration_measurements.{0,1}-of-2.jsonl
+}
+calibrate "$CAL" ""
 RISK=$(ls "$CAL"/calibration/*.probe0.05.json)
 
 # 3. the workloads at N = 20, every budget (serve_reworded: serve in phrasings nobody trained or
@@ -52,12 +56,7 @@ done | xargs -d '\n' -P 2 -I{} bash -c {}
 #    fingerprint, and its error adds to the reuse's), read at matched PSNR by compose_report
 SWEEP="--model $MODEL --probe-fraction 0.05 --budgets 0.05 --no-sparse-system --records --no-plots --threads 1"
 CAL_E=$S/${TAG}_region4_easycache_calibration
-both "$(skip_or "$CAL_E/calibration_measurements.0-of-2.jsonl" "$PY bench/calibrate.py $RECIPE --easycache 0.02 \
---results $CAL_E --shard 0/2 --cache $SCRATCH/e0")" \
-     "$(skip_or "$CAL_E/calibration_measurements.1-of-2.jsonl" "$PY bench/calibrate.py $RECIPE --easycache 0.02 \
---results $CAL_E --shard 1/2 --cache $SCRATCH/e1")"
-$PY bench/calibrate.py --model "$MODEL" --easycache 0.02 --probe-fraction 0.05 --form signed --joint \
-    --results "$CAL_E" --cache "$SCRATCH/efit" --instances "$CAL_E"/calibration_measurements.{0,1}-of-2.jsonl
+calibrate "$CAL_E" e --easycache 0.02
 for wl in serve iterate; do
   out=$S/tinyworld_${TAG}_region4_easycache_$wl.json
   skip_or "$out" "$PY bench/tinyworld.py $wl $SWEEP --risk-model $RISK --easycache 0.02 0.03 0.05 0.08 0.1 0.2 \
