@@ -3,8 +3,8 @@
 # "More steps") measured on one model, from its calibration to every workload (not part of CI).
 # Resumable: a step whose result file exists is skipped, so rerun it (same arguments) after a
 # session ends; each step runs two processes at a time (one per core).
-#   MODEL=models/tinyworld_language/carnator_tinyworld_wan21.safetensors TAG=lang2 \
-#     bash scripts/deeper_recipe_results.sh    # calibration ~85 min, N = 20 ~45 min, N = 30
+# MODEL defaults to the bundled (language-retrained) tiny world; TAG=lang2 named its results:
+#   TAG=lang2 bash scripts/deeper_recipe_results.sh    # calibration ~85 min, N = 20 ~45 min, N = 30
 #        # and 50 ~80 min, EasyCache'd model's calibration ~85 min and its sweeps ~30 min (2 cores)
 # Writes bench/results/studies/${TAG}_region4_calibration/ (measurements, the joint fit, the
 # calibration file the benchmarks load) and bench/results/studies/tinyworld_${TAG}_region4_*.json.

@@ -9,7 +9,8 @@
 #            --language broad2) to STEPS_C steps (models/tinyworld_lang2/).
 # The directories are ignored by git. `KEEP=1` (at the end of a session) copies the newest
 # checkpoint (weights + EMA and its ckpt.json, not the AdamW moments) to the committed
-# models/tinyworld_language/, and a new checkout resumes from there (fresh AdamW moments).
+# models/tinyworld/ (the bundled tiny world is this chain's stage C, step 24,476), and a new
+# checkout resumes from there (fresh AdamW moments).
 # Export and measure:  .venv/bin/python scripts/train_tinyworld.py --dir models/tinyworld_lang2 --export
 #   .venv/bin/python bench/phrasing.py --model models/tinyworld_lang2/carnator_tinyworld_wan21.safetensors
 set -euo pipefail
@@ -26,7 +27,7 @@ C=models/tinyworld_lang2
 COMMON=(--broad-share 0.5 --lr 2e-4 --warmup 100 --p-shift 0.3 --p-high 0
         --objects 0 --seed 3 --edge-weight 6 --obj-weight 3 --batch 32 --bank 6144
         --threads "$THREADS" --ckpt-every 240 --resume)
-KEPT=models/tinyworld_language
+KEPT=models/tinyworld
 deadline=$(( $(date +%s) + ${MINUTES%.*} * 60 ))
 step_of() { "$PY" -c "import json,sys; print(json.load(open(sys.argv[1]))['step'])" "$1/ckpt.json" 2>/dev/null || echo 0; }
 left() { echo $(( (deadline - $(date +%s)) / 60 )); }
@@ -52,7 +53,7 @@ copy_ckpt() { mkdir -p "$2"; cp "$1"/ckpt.safetensors "$1"/ckpt.json "$2"/
 if [ ! -f "$B/ckpt.json" ] && [ ! -f "$C/ckpt.json" ]; then
   if [ "$(step_of "$A")" -lt "$STEPS_A" ]; then
     echo "[retrain] stage A: broad fine-tune to $STEPS_A steps (now $(step_of "$A"))"
-    "$PY" scripts/train_tinyworld.py --dir "$A" --init-from models/tinyworld/carnator_tinyworld_wan21.safetensors \
+    "$PY" scripts/train_tinyworld.py --dir "$A" --init-from models/tinyworld_caption/carnator_tinyworld_wan21.safetensors \
         --language broad "${COMMON[@]}" --steps "$STEPS_A" --minutes "$(left)"
   fi
   if [ "$(step_of "$A")" -lt "$STEPS_A" ]; then

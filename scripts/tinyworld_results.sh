@@ -1,5 +1,8 @@
 #!/usr/bin/env bash
-# Every tiny-world number in the README, measured on the committed model (not part of CI).
+# The default settings' tiny-world numbers, measured on the bundled model (not part of CI).
+# bench/results/tinyworld*.json, calibration_measurements.* and localization_caption_model.json
+# were written by it while the first model (models/tinyworld_caption/) was the bundled one;
+# the bundled model's default-settings runs are bench/results/studies/tinyworld_lang2_recurring_*.json.
 # Two processes at a time (one per core): calibration in two shards, then the workloads,
 # then the localization check and the depth studies; bench/report.py prints the README tables.
 #   bash scripts/tinyworld_results.sh          # about 2 hours on 2 cores (calibration ~50 min)
