@@ -18,35 +18,34 @@ from pathlib import Path
 
 def decompose(records: list[dict]) -> dict:
     made_by = {r["stored_id"]: r for r in records if r.get("stored_id")}
+
+    def re_serves_hit(r: dict) -> bool:  # an exact repeat returning a stored hit's result
+        return r["outcome"] == "exact" and made_by.get(r.get("entry_id"), {}).get("outcome") == "hit"
+
     broke = {"gate_hit": 0, "exact_reserving_hit": 0, "other": 0}
     broke_edits: dict[str, int] = {}
-    fixed = 0
     for r in records:
-        if r["ok"] and not r["ok_full"]:
-            fixed += 1
         if not (r["ok_full"] and not r["ok"]):
             continue
-        source = made_by.get(r.get("entry_id"))
         if r["outcome"] == "hit":
             kind = "gate_hit"
-            broke_edits[r.get("edit") or "?"] = broke_edits.get(r.get("edit") or "?", 0) + 1
-        elif r["outcome"] == "exact" and source is not None and source["outcome"] == "hit":
-            kind = "exact_reserving_hit"
+            edit = r.get("edit") or "?"
+            broke_edits[edit] = broke_edits.get(edit, 0) + 1
         else:
-            kind = "other"
+            kind = "exact_reserving_hit" if re_serves_hit(r) else "other"
         broke[kind] += 1
+    fixed = sum(1 for r in records if r["ok"] and not r["ok_full"])
     n = len(records)
-    exact_of_hits = sum(1 for r in records if r["outcome"] == "exact"
-                        and made_by.get(r.get("entry_id"), {}).get("outcome") == "hit")
+    right, right_full = sum(r["ok"] for r in records), sum(r["ok_full"] for r in records)
     return {
         "requests": n,
-        "checker": sum(r["ok"] for r in records) / n,
-        "checker_full": sum(r["ok_full"] for r in records) / n,
-        "gap_points": 100.0 * (sum(r["ok_full"] for r in records) - sum(r["ok"] for r in records)) / n,
+        "checker": right / n,
+        "checker_full": right_full / n,
+        "gap_points": 100.0 * (right_full - right) / n,
         "broke": broke, "broke_gate_hits_by_edit": broke_edits, "fixed": fixed,
         # the gap if each reuse decision counted once (its exact repeats left out)
         "gap_points_decisions_once": 100.0 * (broke["gate_hit"] + broke["other"] - fixed) / n,
-        "exact_repeats_of_hit_results": exact_of_hits,
+        "exact_repeats_of_hit_results": sum(1 for r in records if re_serves_hit(r)),
     }
 
 
