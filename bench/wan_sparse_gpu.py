@@ -3,15 +3,18 @@
 Through ComfyUI's own WanModel and loader (dim 1536, 30 layers, 12 heads) at a 480p ×
 81-frame latent (1×16×21×60×104, 32,760 tokens), measured side by side in one process:
 
+- the attention op alone at the model's shape: dense SDPA vs block-sparse on each backend
+  (flex's first call, its compile, timed apart; a flex error is recorded, not hidden),
 - one denoising step dense vs block-sparse (the candidate's stored connectivity),
 - a whole miss vs a whole hit end to end (probe, lookup, gate, reuse; sparse on and off).
 
     python bench/wan_sparse_gpu.py            # on a GPU machine
     python bench/wan_sparse_gpu.py --small    # the same code at a tiny size, on the CPU
 
-Writes bench/results/wan_sparse_gpu.json (or --out) after each phase (miss, dense hit, first
-sparse step with its compile, steps, sparse hits), so a run cut short keeps what it measured;
-``complete`` says whether every phase ran. Random weights: timing only.
+Writes bench/results/wan_sparse_gpu.json (or --out) after each phase (attention op, miss,
+dense hit, first sparse step with its compile, steps, sparse hits), each with the seconds
+elapsed, so a run cut short keeps what it measured; ``complete`` says whether every phase ran;
+``--budget-seconds`` stops before a phase that would not fit. Random weights: timing only.
 """
 from __future__ import annotations
 
@@ -70,12 +73,58 @@ def timed(fn, sync) -> float:
     return time.perf_counter() - t0
 
 
+def attention_op(cfg: dict, device, sync, densities=(0.25, 0.5), repeats=3) -> dict:
+    """Self-attention of one layer at the model's size: dense SDPA vs block-sparse per backend."""
+    import torch
+    import torch.nn.functional as F
+    from carnator_core import sparse_attention as sa
+    from carnator_core.sparse_reuse import block_size_for
+    tokens = math.prod(cfg["latent"][2:]) // 4
+    heads, head_dim = cfg["num_heads"], cfg["dim"] // cfg["num_heads"]
+    bs = block_size_for(tokens)
+    nb = math.ceil(tokens / bs)
+    g = torch.Generator(device="cpu").manual_seed(1)
+    q, k, v = (torch.randn(2, heads, tokens, head_dim, generator=g).to(device, torch.bfloat16)
+               for _ in range(3))  # batch 2: cond and uncond together, as ComfyUI runs CFG
+
+    def median_time(fn):
+        fn()  # warm
+        return statistics.median(timed(fn, sync) for _ in range(repeats))
+
+    report = {"tokens": tokens, "heads": heads, "head_dim": head_dim, "block_size": bs,
+              "dtype": "bfloat16", "dense_seconds": median_time(
+                  lambda: F.scaled_dot_product_attention(q, k, v)), "sparse": []}
+    for density in densities:
+        # the diagonal (every block sees itself) plus random blocks up to the density
+        mask = torch.rand(heads, nb, nb, generator=g) < density
+        mask |= torch.eye(nb, dtype=torch.bool)
+        row = {"density": round(mask.float().mean().item(), 3)}
+        mask = mask.to(device)
+        for backend in sa.BACKENDS:
+            if backend == "flex":
+                try:  # straight to the kernel: an error here is reported, not failed over
+                    row["flex_first_call_seconds"] = timed(
+                        lambda: sa._flex_run(q, k, v, mask, bs, None), sync)
+                except Exception as exc:  # noqa: BLE001 - the report is the point
+                    row["flex_error"] = f"{type(exc).__name__}: {str(exc)[:800]}"
+                    continue
+            row[f"{backend}_seconds"] = median_time(
+                lambda: sa.sparse_attention(q, k, v, mask, bs, backend=backend))
+            row[f"{backend}_speedup"] = report["dense_seconds"] / row[f"{backend}_seconds"]
+        report["sparse"].append(row)
+        print(f"attention op density {row['density']:.0%}: {row}", flush=True)
+    del q, k, v
+    return report
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--small", action="store_true", help="tiny size on the CPU (a smoke run)")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--keep-mass", type=float, default=0.5)
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "wan_sparse_gpu.json"))
+    ap.add_argument("--budget-seconds", type=float, default=None,
+                    help="stop (saving what was measured) before a phase that would not fit")
     args = ap.parse_args()
     cfg = SMALL if args.small else REAL
     if not args.small:
@@ -85,11 +134,11 @@ def main() -> int:
     import torch
     import comfy.model_management as mm
     from request_flow import Requests  # the same request flow the tests drive
-    from carnator_core.sparse_attention import backend_report
+    from carnator_core.sparse_attention import backend_report, select_backend
 
+    started = time.perf_counter()
     device = mm.get_torch_device()
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    model = build_model(cfg, device)
     workdir = tempfile.mkdtemp(prefix="carnator-bench-")
     atexit.register(shutil.rmtree, workdir, True)  # the cache is this run's alone: leave nothing in /tmp
     requests = Requests(workdir, steps=cfg["steps"],
@@ -103,9 +152,25 @@ def main() -> int:
     def save(phase: str) -> None:
         """Write what is measured so far: a run cut short by a device's time limit keeps it."""
         result["last_phase"] = phase
+        result.setdefault("elapsed_seconds", {})[phase] = round(time.perf_counter() - started, 1)
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(result, indent=2, default=str))
         print(f"[{phase}] saved {out}", flush=True)
+
+    def fits(phase: str, seconds: float) -> bool:
+        """Whether a phase expected to take about ``seconds`` fits the budget; saves if not."""
+        budget = math.inf if args.budget_seconds is None else args.budget_seconds
+        left = budget - (time.perf_counter() - started)
+        if seconds <= left:
+            return True
+        result["stopped_before"] = f"{phase} (~{seconds:.0f} s expected, {left:.0f} s left)"
+        save("stopped")
+        return False
+
+    result["backend_choice"] = {"backend": select_backend(device), **backend_report()}
+    result["attention_op"] = attention_op(cfg, device, sync)
+    save("attention op")
+    model = build_model(cfg, device)
 
     def request(prompt, **kw):
         return requests(model, "wan21", prompt, shape=cfg["latent"], **kw)
@@ -115,6 +180,8 @@ def main() -> int:
     requests.settings.store = False
     result["warmup_seconds"] = timed(lambda: request("a warm-up scene", steps=4), sync)
     requests.settings.store = True
+    if not fits("miss", 1.5 * result["warmup_seconds"] * cfg["steps"] / 4):
+        return 0
     # whole miss (stores the trajectory and its probe connectivity)
     t_miss = timed(lambda: request(PROMPT), sync)
     result["miss_seconds"] = t_miss
@@ -130,6 +197,8 @@ def main() -> int:
         hits[sparse_on].append((t, holder[0]))
         print(f"hit sparse={sparse_on} {t:.2f}s: {holder[0].text()}", flush=True)
 
+    if not fits("dense hit", t_miss):
+        return 0
     timed_hit(False)
     summary = hits[False][-1][1]
     assert summary.outcome == "hit", summary.text()
@@ -155,6 +224,8 @@ def main() -> int:
         run.attention.sparse_steps = {k} if mode == "sparse" else set()
         return timed(lambda: run.sample(k, k + 1, start), sync)
 
+    if not fits("first sparse step", 3 * t_miss / cfg["steps"] + 60):  # a step, run, compile
+        return 0
     result["first_sparse_step_seconds"] = one_step("sparse")  # includes the kernel's compile
     result["backend"] = backend_report()
     save("first sparse step")
@@ -168,6 +239,9 @@ def main() -> int:
     print(f"one step   dense {dense_step:.3f}s  sparse {sparse_step:.3f}s  ratio {result['step_ratio']:.2f}x",
           flush=True)
     save("steps")
+    if not fits("sparse hits", 3 * result["hit_seconds"]["dense"]
+                + cfg["steps"] * max(0.0, sparse_step - dense_step)):
+        return 0
     for sparse_on in (True, False, True):  # interleaved: drift hits both equally
         requests.settings.sparse.enabled = sparse_on
         timed_hit(sparse_on)

@@ -36,12 +36,14 @@ BACKENDS = ("flex", "fallback")
 _FLEX_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _FLEX_RECOMPILE_LIMIT = 64
 _GATHER_BUDGET = 1 << 24  # elements of gathered K (and V) per fallback chunk (64 MiB fp32)
+_GATHER_BUDGET_CUDA = 1 << 27  # on a GPU: fewer, larger chunks (each one is a kernel launch)
 
 _lock = threading.Lock()
 _compiled_flex = None                      # module-level cache of torch.compile(flex_attention)
 _choice: dict[str, dict] = {}              # device type -> {"backend", "reason", ...}
 _calls = {name: 0 for name in BACKENDS}
 _flex_failures: list[str] = []
+_flex_refused: set[tuple] = set()          # signatures flex failed on: never compiled again
 
 
 # ----------------------------------------------------------------------------- flex backend
@@ -95,12 +97,13 @@ def _fallback_run(q, k, v, mask, block_size, scale):
     counts = rows_mask.sum(-1)
     kept = torch.argsort(rows_mask.to(torch.uint8), dim=-1, descending=True, stable=True)
     order = torch.argsort(counts, descending=True)   # group rows keeping alike block counts
-    counts_sorted = counts[order].tolist()
+    counts_sorted = counts[order].tolist()           # the one host sync of a call
+    budget = _GATHER_BUDGET_CUDA if q.device.type == "cuda" else _GATHER_BUDGET
     out_sorted = q.new_empty(B * H * nq, bs * Dv)
     i, n_rows = 0, order.numel()
     while i < n_rows:
         kmax = counts_sorted[i]
-        rows = order[i:i + max(1, _GATHER_BUDGET // (kmax * bs * max(D, Dv)))]
+        rows = order[i:i + max(1, budget // (kmax * bs * max(D, Dv)))]
         R = rows.numel()
         sel = kept[rows, :kmax]                                     # (R, kmax) key block ids
         flat = torch.div(rows, nq, rounding_mode="floor")[:, None] * nk + sel
@@ -109,7 +112,10 @@ def _fallback_run(q, k, v, mask, block_size, scale):
         vals = F.embedding(flat, vb).view(R, 1, kmax * bs, Dv)
         valid = torch.arange(kmax, device=q.device) < counts[rows][:, None]
         valid = (valid[..., None] & key_ok[sel]).view(R, 1, 1, kmax * bs)
-        attn_mask = None if bool(valid.all()) else valid
+        # decided on the host (a device sync per chunk costs more than the chunk on a GPU):
+        # a mask is needed when some row keeps fewer blocks or the last key block is partial
+        ragged = counts_sorted[i + R - 1] < kmax or lk % bs != 0
+        attn_mask = valid if ragged else None
         o = F.scaled_dot_product_attention(F.embedding(rows, qb).view(R, 1, bs, D), keys,
                                            vals, attn_mask=attn_mask, scale=scale)
         out_sorted[i:i + R] = o.view(R, bs * Dv)
@@ -144,6 +150,7 @@ def select_backend(device: torch.device | str = "cpu", refresh: bool = False) ->
     with _lock:
         if dev.type in _choice and not refresh:
             return _choice[dev.type]["backend"]
+        _flex_refused.difference_update({sig for sig in _flex_refused if sig[0] == dev.type})
         forced = os.environ.get(ENV_VAR, "").strip().lower() or "auto"
         if forced not in BACKENDS + ("auto",):
             raise ValueError(f"{ENV_VAR}={forced!r}: expected one of flex, fallback, auto")
@@ -177,6 +184,8 @@ def backend_report() -> dict:
             "env": os.environ.get(ENV_VAR),
             "calls": dict(_calls),
             "flex_runtime_failures": list(_flex_failures[-5:]),
+            "flex_refused": sorted(f"{d} {str(t).removeprefix('torch.')} head_dim {hq}/{hv} "
+                                   f"block {b}" for d, t, hq, hv, b in _flex_refused),
             "torch": torch.__version__,
         }
 
@@ -215,15 +224,20 @@ def sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     name = backend or select_backend(q.device)
     if name not in BACKENDS:
         raise ValueError(f"unknown backend {name!r}")
-    if name == "flex" and q.dtype in _FLEX_DTYPES and q.dtype == k.dtype == v.dtype:
+    signature = (q.device.type, q.dtype, q.shape[-1], v.shape[-1], block_size)
+    if (name == "flex" and q.dtype in _FLEX_DTYPES and q.dtype == k.dtype == v.dtype
+            and signature not in _flex_refused):
         try:
             out = _flex_run(q, k, v, mask, block_size, scale)
             with _lock:
                 _calls["flex"] += 1
             return out
         except Exception as exc:  # noqa: BLE001 - one bad shape must not break a sampling run
+            # A failed compile is not cached by torch: retrying it on every layer and step
+            # would cost a compile per call, so this signature goes to the fallback from now on.
             with _lock:
                 _flex_failures.append(f"{tuple(q.shape)} {type(exc).__name__}: {str(exc)[:300]}")
+                _flex_refused.add(signature)
     out = _fallback_run(q, k, v, mask, block_size, scale)
     with _lock:
         _calls["fallback"] += 1

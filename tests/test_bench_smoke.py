@@ -33,6 +33,18 @@ def test_wan_size_benchmark_script_runs_small_on_cpu(tmp_path):
     assert "one step" in printed and "whole miss" in printed
     assert result["sparse_calls_per_hit"] > 0          # the hit really ran block-sparse
     assert result["reuse_step"] > 0 and result["miss_seconds"] > 0
+    op = result["attention_op"]                         # the op alone, every backend timed
+    assert op["dense_seconds"] > 0 and len(op["sparse"]) == 2
+    assert all(row["fallback_seconds"] > 0 and ("flex_seconds" in row or "flex_error" in row)
+               for row in op["sparse"])
+    assert result["complete"] and list(result["elapsed_seconds"])[0] == "attention op"
+    # a budget that cannot hold a miss stops before it and still saves what it measured
+    stopped = tmp_path / "stopped.json"
+    run(["bench/wan_sparse_gpu.py", "--small", "--repeats", "1", "--budget-seconds", "0",
+         "--out", str(stopped)])
+    cut = json.loads(stopped.read_text())
+    assert not cut["complete"] and cut["stopped_before"].startswith("miss")
+    assert "attention_op" in cut and "miss_seconds" not in cut
 
 
 def test_real_size_costs_benchmark_runs_small(tmp_path):

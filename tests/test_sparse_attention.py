@@ -237,3 +237,44 @@ def test_bad_inputs():
     empty = torch.zeros(2, 2, dtype=torch.bool)
     out = sparse_attention(q, k, v, empty, BS, backend="fallback")
     torch.testing.assert_close(out, F.scaled_dot_product_attention(q, k, v), atol=TOL, rtol=0)
+
+
+def test_flex_failure_is_remembered_per_signature(monkeypatch):
+    """A shape flex cannot compile goes to the fallback once and for all, not one compile per call."""
+    real_flex, tried = sa._flex_run, []
+
+    def flex_failing_on_head_dim_32(q, k, v, mask, block_size, scale):
+        tried.append(q.shape[-1])
+        if q.shape[-1] == 32:
+            raise RuntimeError("no kernel for this head dim")
+        return real_flex(q, k, v, mask, block_size, scale)
+
+    monkeypatch.setattr(sa, "_flex_run", flex_failing_on_head_dim_32)
+    select_backend("cpu", refresh=True)          # forgets earlier refusals on this device
+    tried.clear()                                # (its probe ran flex at head dim 16)
+    q, k, v = rand_qkv(L=200)                    # head dim 32
+    mask = torch.rand(2, 4, 4, generator=torch.Generator().manual_seed(5)) < 0.5
+    ref = masked_reference(q, k, v, effective_block_mask(mask, BS, 200, 200))
+    reset_sparse_call_counts()
+    for _ in range(3):
+        out = sparse_attention(q, k, v, mask, BS, backend="flex")
+        torch.testing.assert_close(out, ref, atol=TOL, rtol=0)
+    assert tried == [32]                         # tried once, then refused
+    assert sparse_call_counts() == {"flex": 0, "fallback": 3}
+    assert any("head_dim 32/32 block 64" in r for r in backend_report()["flex_refused"])
+    q16 = torch.randn(2, 2, 200, 16, generator=torch.Generator().manual_seed(6))
+    sparse_attention(q16, q16, q16, mask, BS, backend="flex")  # another signature still tries
+    assert tried == [32, 16]
+    select_backend("cpu", refresh=True)
+    assert backend_report()["flex_refused"] == []
+
+
+def test_fallback_chunks_with_ragged_rows_and_keys():
+    """Rows keeping different block counts share a chunk, and the last key block is partial."""
+    q, k, v = rand_qkv(L=333, seed=7)
+    nb = num_blocks(333, BS)
+    mask = torch.rand(2, nb, nb, generator=torch.Generator().manual_seed(8)) < 0.4
+    eff = effective_block_mask(mask, BS, 333, 333)
+    assert len(set(eff.sum(-1).flatten().tolist())) > 2     # ragged rows really occur
+    out = sparse_attention(q, k, v, mask, BS, backend="fallback")
+    torch.testing.assert_close(out, masked_reference(q, k, v, eff), atol=TOL, rtol=0)
