@@ -744,7 +744,7 @@ def _report_attention(att, s: Summary) -> None:
     if att.sparse_calls:
         s.sparse_calls = att.sparse_calls
         s.sparse_density = att.connectivity.density
-        s.sparse_backend = select_backend()
+        s.sparse_backend = select_backend(att.sparse_device)  # not the CPU's on a GPU run
 
 
 def _finish_summary(pr: ProbeResult, s: Summary, notes: list[str]) -> None:

@@ -167,6 +167,7 @@ class AttentionPlan:
     n_blocks: int = 0
     block_size: int | None = None
     sparse_calls: int = 0
+    sparse_device: str = "cpu"  # where the sparse calls ran: its backend is the one reported
     dense_calls: int = 0
     fresh: bool = False  # captured since the mask was last rebuilt (refresh)
     skipped: str | None = None  # why a stored mask was not used
@@ -261,4 +262,5 @@ class AttentionPlan:
                                dense_query_blocks=dense_q,
                                dense_token_range=(n_img, n_img + n_txt) if n_txt else None)
         self.sparse_calls += 1
+        self.sparse_device = q.device.type
         return out
