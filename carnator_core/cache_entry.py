@@ -80,6 +80,11 @@ class StoredEntry:
         return json.loads(self.row["snapshot_steps"] or "[]")
 
     @property
+    def source_entry(self) -> str | None:
+        """The entry this one's result reused (None: computed in full, a reuse source)."""
+        return self.row.get("source_entry") or None
+
+    @property
     def signature(self) -> torch.Tensor | None:
         """The full global signature (only rows a lookup returned carry it)."""
         sig = self.row.get("signature")

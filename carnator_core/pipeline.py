@@ -179,6 +179,10 @@ class ProbeResult:
     x_probe: torch.Tensor | None = None           # between-samplers latent at step P
     exact_entry: StoredEntry | None = None
     exact_latent: torch.Tensor | None = None
+    # an exact repeat whose stored result was itself a reuse: the gate serves it again, or
+    # (recurring_sources) has the request computed in full to become its own source
+    reused_repeat: StoredEntry | None = None
+    reused_repeat_latent: torch.Tensor | None = None
     seconds: float = 0.0
     probe_calls: int = 0
     probe_expert_calls: dict[str, int] = field(default_factory=dict)  # two-expert models
@@ -295,7 +299,9 @@ def probe(run, cache: TrajectoryCache | None, settings: ReuseSettings,
         entry = guarded(cache, "exact-repeat lookup", cache.find_exact, exact_key)
         if entry is not None:
             tensors = guarded(cache, "reading the stored result", cache.load_tensors, entry.id, ["final"])
-            if tensors is not None:
+            if tensors is not None and entry.source_entry:  # the gate decides (its settings)
+                result.reused_repeat, result.reused_repeat_latent = entry, from_entry(tensors["final"])
+            elif tensors is not None:
                 result.exact_entry, result.exact_latent = entry, from_entry(tensors["final"])
                 result.seconds = time.perf_counter() - t0
                 return result
@@ -337,6 +343,16 @@ def gate(pr: ProbeResult, found: LookupResult, risk_model: RiskModel,
     settings = settings or pr.settings.gate
     # the audit judges this budget; what the entry stores follows this model's calibration
     pr.gate_model, pr.settings.gate = risk_model, settings
+    if pr.reused_repeat is not None:
+        # Serving a reused result again to every repeat would multiply one gate decision's
+        # error by the prompt's popularity: its first repeat is computed in full instead, and
+        # later repeats get that (the newest exact entry) — a recurring scene's own source.
+        if settings.recurring_sources:
+            return Plan(False, reason=(
+                f"exact repeat of entry {pr.reused_repeat.id[:8]}, which was served by reusing "
+                f"entry {pr.reused_repeat.source_entry[:8]}: computed in full once, to become "
+                f"its own source (recurring_sources)")), []
+        pr.exact_entry, pr.exact_latent = pr.reused_repeat, pr.reused_repeat_latent
     if pr.exact_latent is not None:
         return Plan(False, entry_id=pr.exact_entry.id,
                     reason=f"exact repeat of entry {pr.exact_entry.id[:8]}: its stored result is "
@@ -438,7 +454,7 @@ def lookup_and_gate(pr: ProbeResult) -> tuple[Plan, LookupResult]:
     if pr.cache is None:
         return Plan(False, reason=pr.cache_message or "cache unavailable"), found
     model, problem = calibrated_risk_model(pr)
-    if problem and pr.exact_latent is None:
+    if problem and pr.exact_latent is None and pr.reused_repeat is None:
         return Plan(False, reason=problem), found
     return gate(pr, found, model)[0], found
 
@@ -764,8 +780,11 @@ def _store(pr: ProbeResult, record: TrajectoryRecord, final: torch.Tensor,
            plan: Plan | None, connectivity: Connectivity | None) -> str | None:
     if pr.cache is None or not pr.settings.store or pr.signature is None:
         return None
-    if guarded(pr.cache, "exact-repeat lookup", pr.cache.find_exact, pr.exact_key) is not None:
-        return None  # the same request was stored meanwhile (ComfyUI re-ran this node)
+    stored = guarded(pr.cache, "exact-repeat lookup", pr.cache.find_exact, pr.exact_key)
+    # the same request stored meanwhile (ComfyUI re-ran this node) is kept, unless it was a
+    # reuse and this one is computed in full: then this one is newer, and a reuse source
+    if stored is not None and not (plan is None and stored.source_entry):
+        return None
     run = pr.run
     row = {"class_key": pr.klass.key, "exact_key": pr.exact_key,
            "model_fingerprint": pr.klass.model_fingerprint, "backbone": run.backbone,

@@ -115,3 +115,35 @@ def test_reuses_are_indexed_apart_from_sources(tiny_models, requests_in, recurri
     assert sources == {r.stored_id for r in everyone if r.outcome == "miss"}
     assert served == {r.stored_id for r in everyone if r.outcome == "hit"}
     assert len(sources) == (2 if recurring else 1)
+
+
+@pytest.mark.parametrize("recurring", [False, True])
+def test_an_exact_repeat_of_a_reused_result_is_computed_in_full_once(tiny_models, requests_in,
+                                                                     recurring):
+    """Re-serving a reuse to every repeat would multiply one gate decision by the prompt's
+    popularity: with recurring_sources its first repeat runs in full and later ones get that."""
+    import torch
+    from carnator_core.comfy_adapter import run_request
+    model = tiny_models["wan21"]
+    edited, scene = _session(requests_in, model, recurring)[:2]
+    assert scene.outcome == "hit" and scene.stored_id           # a reuse, kept for its repeats
+
+    def again():
+        positive, negative, latent = _inputs(requests_in, SCENE)
+        return run_request(model, positive, negative, latent, 7, requests_in.steps, 4.0, "euler",
+                           "simple", requests_in.settings,
+                           {"folder": requests_in.cache_folder, "capacity_bytes": 1 << 30},
+                           label=SCENE)
+    (first_latent, first), (second_latent, second) = again(), again()
+    if not recurring:  # the stored reuse is served as it is, every time
+        assert first.outcome == second.outcome == "exact"
+        assert first.entry_id == second.entry_id == scene.stored_id
+        return
+    assert first.outcome == "miss" and "served by reusing" in first.reason
+    assert scene.stored_id[:8] in first.reason and edited.stored_id[:8] in first.reason
+    assert first.steps_computed == first.model_calls == first.steps_total
+    assert first.stored_id and first.stored_id != scene.stored_id
+    # the next repeat gets the full computation, exactly, computing nothing
+    assert second.outcome == "exact" and second.entry_id == first.stored_id
+    assert second.steps_computed == 0          # stored float16: the full result to its rounding
+    torch.testing.assert_close(second_latent, first_latent, rtol=2**-11, atol=1e-6)
