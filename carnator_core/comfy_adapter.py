@@ -597,7 +597,7 @@ class ComfyRun:
         self.positive, self.negative = positive, negative
         self.steps, self.cfg = int(steps), float(cfg)
         self.sampler_name, self.scheduler = sampler_name, scheduler
-        self.seed = int(seed)
+        self.seed, self.seed_policy = int(seed), seed_policy
         if seed_policy == "shared_noise":
             self.noise_seed, self.noise_frame = self.seed % noise_pool, f"pool:{self.seed % noise_pool}"
         else:

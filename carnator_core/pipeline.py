@@ -344,10 +344,11 @@ def gate(pr: ProbeResult, found: LookupResult, risk_model: RiskModel,
     # the audit judges this budget; what the entry stores follows this model's calibration
     pr.gate_model, pr.settings.gate = risk_model, settings
     if pr.reused_repeat is not None:
-        # Serving a reused result again to every repeat would multiply one gate decision's
-        # error by the prompt's popularity: its first repeat is computed in full instead, and
-        # later repeats get that (the newest exact entry) — a recurring scene's own source.
-        if settings.recurring_sources:
+        # On a service (shared_noise) a repeated prompt is popularity: serving its reused
+        # result to every repeat would multiply one gate decision's error by it, so the first
+        # repeat is computed in full and later ones get that (the newest exact entry). With
+        # same_seed the repeat is someone returning to a result they saw: it gets that result.
+        if settings.recurring_sources and getattr(pr.run, "seed_policy", "") == "shared_noise":
             return Plan(False, reason=(
                 f"exact repeat of entry {pr.reused_repeat.id[:8]}, which was served by reusing "
                 f"entry {pr.reused_repeat.source_entry[:8]}: computed in full once, to become "

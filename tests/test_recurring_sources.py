@@ -11,6 +11,7 @@ scaled by 1 + 1e-3: its probe agrees with the original's (same-scene evidence) w
 exact key differs (no exact repeat).
 """
 import pytest
+import torch
 
 from carnator_core.gate import GateSettings, RiskModel, evidence_class
 
@@ -34,16 +35,17 @@ def _probe(requests_in, model, prompt, nudge=0.0):
     return cache, pipeline.probe(run, cache, requests_in.settings)
 
 
-def _run(requests_in, model, prompt, nudge=0.0):
+def _run(requests_in, model, prompt, nudge=0.0, policy="same_seed", latent_too=False):
     from carnator_core.comfy_adapter import run_request
     positive, negative, latent = _inputs(requests_in, prompt, nudge)
-    return run_request(model, positive, negative, latent, 7, requests_in.steps, 4.0, "euler",
-                       "simple", requests_in.settings,
-                       {"folder": requests_in.cache_folder, "capacity_bytes": 1 << 30},
-                       label=prompt)[1]
+    out = run_request(model, positive, negative, latent, 7, requests_in.steps, 4.0, "euler",
+                      "simple", requests_in.settings,
+                      {"folder": requests_in.cache_folder, "capacity_bytes": 1 << 30},
+                      seed_policy=policy, label=prompt)
+    return out if latent_too else out[1]
 
 
-def _session(requests_in, model, recurring):
+def _session(requests_in, model, recurring, policy="same_seed"):
     """EDITED, then SCENE and three rewordings of it; return their summaries."""
     from carnator_core.calibration import save
     from carnator_core.comfy_adapter import model_fingerprint
@@ -53,8 +55,8 @@ def _session(requests_in, model, recurring):
          requests_in.cache_folder, model_fingerprint(model))
     requests_in.settings.gate = GateSettings(risk_budget=0.5, max_depth=0.5,
                                              recurring_sources=recurring)
-    return [_run(requests_in, model, EDITED), _run(requests_in, model, SCENE)] + [
-        _run(requests_in, model, SCENE, nudge) for nudge in (1e-3, 2e-3, 3e-3)]
+    return [_run(requests_in, model, prompt, nudge, policy)
+            for prompt, nudge in ((EDITED, 0.0), (SCENE, 0.0), (SCENE, 1e-3), (SCENE, 2e-3), (SCENE, 3e-3))]
 
 
 def test_the_prompts_give_the_evidence_the_rule_needs(tiny_models, requests_in):
@@ -117,25 +119,19 @@ def test_reuses_are_indexed_apart_from_sources(tiny_models, requests_in, recurri
     assert len(sources) == (2 if recurring else 1)
 
 
-@pytest.mark.parametrize("recurring", [False, True])
-def test_an_exact_repeat_of_a_reused_result_is_computed_in_full_once(tiny_models, requests_in,
-                                                                     recurring):
-    """Re-serving a reuse to every repeat would multiply one gate decision by the prompt's
-    popularity: with recurring_sources its first repeat runs in full and later ones get that."""
-    import torch
-    from carnator_core.comfy_adapter import run_request
+@pytest.mark.parametrize("recurring,policy", [(True, "shared_noise"), (False, "shared_noise"),
+                                              (True, "same_seed")])
+def test_an_exact_repeat_of_a_reused_result(tiny_models, requests_in, recurring, policy):
+    """On a service (shared_noise) re-serving a reuse to every repeat would multiply one gate
+    decision by the prompt's popularity: with recurring_sources its first repeat runs in full
+    and later ones get that. With same_seed (someone returning to a result they saw), or with
+    recurring_sources off, the stored reuse is served as it is."""
     model = tiny_models["wan21"]
-    edited, scene = _session(requests_in, model, recurring)[:2]
+    edited, scene = _session(requests_in, model, recurring, policy)[:2]
     assert scene.outcome == "hit" and scene.stored_id           # a reuse, kept for its repeats
-
-    def again():
-        positive, negative, latent = _inputs(requests_in, SCENE)
-        return run_request(model, positive, negative, latent, 7, requests_in.steps, 4.0, "euler",
-                           "simple", requests_in.settings,
-                           {"folder": requests_in.cache_folder, "capacity_bytes": 1 << 30},
-                           label=SCENE)
-    (first_latent, first), (second_latent, second) = again(), again()
-    if not recurring:  # the stored reuse is served as it is, every time
+    (first_latent, first), (second_latent, second) = (
+        _run(requests_in, model, SCENE, policy=policy, latent_too=True) for _ in range(2))
+    if not (recurring and policy == "shared_noise"):
         assert first.outcome == second.outcome == "exact"
         assert first.entry_id == second.entry_id == scene.stored_id
         return
