@@ -299,9 +299,10 @@ def probe(run, cache: TrajectoryCache | None, settings: ReuseSettings,
         entry = guarded(cache, "exact-repeat lookup", cache.find_exact, exact_key)
         if entry is not None:
             tensors = guarded(cache, "reading the stored result", cache.load_tensors, entry.id, ["final"])
-            if tensors is not None and entry.source_entry:  # the gate decides (its settings)
+            if tensors is not None and entry.source_entry and recomputes_repeat(run, settings.gate):
+                # may run in full (the gate's settings decide): so the probe runs too
                 result.reused_repeat, result.reused_repeat_latent = entry, from_entry(tensors["final"])
-            elif tensors is not None:
+            elif tensors is not None:  # served as it is: not one model call
                 result.exact_entry, result.exact_latent = entry, from_entry(tensors["final"])
                 result.seconds = time.perf_counter() - t0
                 return result
@@ -314,6 +315,16 @@ def probe(run, cache: TrajectoryCache | None, settings: ReuseSettings,
     result.probe_expert_calls = _calls_since(expert_calls, _expert_calls(run))
     result.seconds = time.perf_counter() - t0
     return result
+
+
+def recomputes_repeat(run, gate: GateSettings) -> bool:
+    """Whether an exact repeat of a result that was itself a reuse runs in full once.
+
+    On a service (shared_noise) a repeated prompt is popularity: serving its reused result to
+    every repeat would multiply one gate decision's error by it, so the first repeat is
+    computed in full and later ones get that (the newest exact entry). With same_seed the
+    repeat is someone returning to a result they saw: it gets that result, computing nothing."""
+    return gate.recurring_sources and getattr(run, "seed_policy", "") == "shared_noise"
 
 
 def _expert_calls(run) -> dict[str, int]:
@@ -343,12 +354,8 @@ def gate(pr: ProbeResult, found: LookupResult, risk_model: RiskModel,
     settings = settings or pr.settings.gate
     # the audit judges this budget; what the entry stores follows this model's calibration
     pr.gate_model, pr.settings.gate = risk_model, settings
-    if pr.reused_repeat is not None:
-        # On a service (shared_noise) a repeated prompt is popularity: serving its reused
-        # result to every repeat would multiply one gate decision's error by it, so the first
-        # repeat is computed in full and later ones get that (the newest exact entry). With
-        # same_seed the repeat is someone returning to a result they saw: it gets that result.
-        if settings.recurring_sources and getattr(pr.run, "seed_policy", "") == "shared_noise":
+    if pr.reused_repeat is not None:  # the probe allowed a full run; this gate's settings decide
+        if recomputes_repeat(pr.run, settings):
             return Plan(False, reason=(
                 f"exact repeat of entry {pr.reused_repeat.id[:8]}, which was served by reusing "
                 f"entry {pr.reused_repeat.source_entry[:8]}: computed in full once, to become "
@@ -608,9 +615,12 @@ def reuse(pr: ProbeResult, plan: Plan) -> tuple[torch.Tensor, Summary]:
     run, n = pr.run, pr.run.steps
     if pr.exact_latent is not None:
         guarded(pr.cache, "recording the hit", pr.cache.record_use, pr.exact_entry.id, n)
-        s = Summary("exact", n, 0, 0, pr.seconds + time.perf_counter() - t0,
+        # the probe ran only where a full run was open and the gate then chose the stored result
+        probed = pr.probe_steps if pr.x_probe is not None else 0
+        s = Summary("exact", n, probed, pr.probe_calls, pr.seconds + time.perf_counter() - t0,
                     entry_id=pr.exact_entry.id, reason="exact repeat of a stored request")
-        s.expert_calls = {k: 0 for k in _expert_calls(run)} or None
+        s.expert_calls = ({k: pr.probe_expert_calls.get(k, 0) for k in _expert_calls(run)}
+                          or None)
         _finish_summary(pr, s, [])
         return pr.exact_latent, s
 

@@ -26,12 +26,12 @@ def _inputs(requests_in, prompt, nudge=0.0):
     return positive, negative, latent
 
 
-def _probe(requests_in, model, prompt, nudge=0.0):
+def _probe(requests_in, model, prompt, nudge=0.0, policy="same_seed"):
     from carnator_core import pipeline
     from carnator_core.comfy_adapter import ComfyRun
     cache, _ = pipeline.open_cache(requests_in.cache_folder, 1 << 30)
     run = ComfyRun(model, *_inputs(requests_in, prompt, nudge), 7, requests_in.steps, 4.0, "euler",
-                   "simple")
+                   "simple", seed_policy=policy)
     return cache, pipeline.probe(run, cache, requests_in.settings)
 
 
@@ -134,6 +134,7 @@ def test_an_exact_repeat_of_a_reused_result(tiny_models, requests_in, recurring,
     if not (recurring and policy == "shared_noise"):
         assert first.outcome == second.outcome == "exact"
         assert first.entry_id == second.entry_id == scene.stored_id
+        assert first.model_calls == first.steps_computed == 0   # not even a probe step
         return
     assert first.outcome == "miss" and "served by reusing" in first.reason
     assert scene.stored_id[:8] in first.reason and edited.stored_id[:8] in first.reason
@@ -143,3 +144,24 @@ def test_an_exact_repeat_of_a_reused_result(tiny_models, requests_in, recurring,
     assert second.outcome == "exact" and second.entry_id == first.stored_id
     assert second.steps_computed == 0          # stored float16: the full result to its rounding
     torch.testing.assert_close(second_latent, first_latent, rtol=2**-11, atol=1e-6)
+
+
+def test_a_gate_that_turns_recurring_sources_off_serves_the_repeat_and_counts_its_probe(
+        tiny_models, requests_in):
+    """In a node graph the probe runs with its own settings and the gate with the node's: a
+    probe that left a full run open and a gate that then serves the stored reuse computed the
+    probe's steps, and the summary says so."""
+    from dataclasses import replace
+    from carnator_core import pipeline
+    model = tiny_models["wan21"]
+    edited, scene = _session(requests_in, model, True, "shared_noise")[:2]
+    cache, pr = _probe(requests_in, model, SCENE, policy="shared_noise")
+    assert pr.reused_repeat is not None and pr.reused_repeat.id == scene.stored_id
+    assert pr.probe_calls > 0                                   # the probe ran
+    found = pipeline.lookup(pr)
+    model_risk, _ = pipeline.calibrated_risk_model(pr)
+    plan, _ = pipeline.gate(pr, found, model_risk, replace(pr.settings.gate, recurring_sources=False))
+    assert not plan.accept and pr.exact_entry.id == scene.stored_id
+    _, summary = pipeline.reuse(pr, plan)
+    assert summary.outcome == "exact" and summary.model_calls == pr.probe_calls
+    assert summary.steps_computed == pr.probe_steps
