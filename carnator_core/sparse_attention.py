@@ -240,8 +240,8 @@ def sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 _calls["flex"] += 1
             return out
         except Exception as exc:  # noqa: BLE001 - one bad shape must not break a sampling run
-            # A failed compile is not cached by torch: retrying it on every layer and step
-            # would cost a compile per call, so this signature goes to the fallback from now on.
+            # A compile that failed once would be attempted (and paid for) again on every layer
+            # and step: this signature goes straight to the fallback from now on.
             with _lock:
                 _flex_failures.append(f"{tuple(q.shape)} {type(exc).__name__}: {str(exc)[:300]}")
                 _flex_refused.add(signature)
