@@ -179,16 +179,21 @@ class ProbeResult:
     x_probe: torch.Tensor | None = None           # between-samplers latent at step P
     exact_entry: StoredEntry | None = None
     exact_latent: torch.Tensor | None = None
-    # an exact repeat whose stored result was itself a reuse: the gate serves it again, or
-    # (recurring_sources) has the request computed in full to become its own source
-    reused_repeat: StoredEntry | None = None
-    reused_repeat_latent: torch.Tensor | None = None
+    # the exact repeat's stored result was itself a reuse and this is a service's request: it
+    # may run in full instead (so the probe ran), as the gate's settings decide (serves_stored)
+    repeat_may_run: bool = False
     seconds: float = 0.0
     probe_calls: int = 0
     probe_expert_calls: dict[str, int] = field(default_factory=dict)  # two-expert models
     prompt: str = ""
     decode: Any = None                # latent → frames in 0..1 (a VAE), for audits on frames
     gate_model: RiskModel | None = None  # the risk model the gate judged with (before audits)
+
+    @property
+    def serves_stored(self) -> bool:
+        """The exact repeat gets its stored result (under the gate's current settings)."""
+        return self.exact_latent is not None and not (
+            self.repeat_may_run and recomputes_repeat(self.run, self.settings.gate))
 
     @property
     def signature(self) -> EarlySignature | None:
@@ -299,13 +304,12 @@ def probe(run, cache: TrajectoryCache | None, settings: ReuseSettings,
         entry = guarded(cache, "exact-repeat lookup", cache.find_exact, exact_key)
         if entry is not None:
             tensors = guarded(cache, "reading the stored result", cache.load_tensors, entry.id, ["final"])
-            if tensors is not None and entry.source_entry and recomputes_repeat(run, settings.gate):
-                # may run in full (the gate's settings decide): so the probe runs too
-                result.reused_repeat, result.reused_repeat_latent = entry, from_entry(tensors["final"])
-            elif tensors is not None:  # served as it is: not one model call
+            if tensors is not None:
                 result.exact_entry, result.exact_latent = entry, from_entry(tensors["final"])
-                result.seconds = time.perf_counter() - t0
-                return result
+                result.repeat_may_run = bool(entry.source_entry) and recomputes_repeat(run, settings.gate)
+                if not result.repeat_may_run:  # served as it is: not one model call
+                    result.seconds = time.perf_counter() - t0
+                    return result
     calls, expert_calls = run.model_calls, _expert_calls(run)
     run.attention.settings = settings.sparse
     # connectivity: measured at the probe's last step, and only when it will be used
@@ -354,13 +358,11 @@ def gate(pr: ProbeResult, found: LookupResult, risk_model: RiskModel,
     settings = settings or pr.settings.gate
     # the audit judges this budget; what the entry stores follows this model's calibration
     pr.gate_model, pr.settings.gate = risk_model, settings
-    if pr.reused_repeat is not None:  # the probe allowed a full run; this gate's settings decide
-        if recomputes_repeat(pr.run, settings):
-            return Plan(False, reason=(
-                f"exact repeat of entry {pr.reused_repeat.id[:8]}, which was served by reusing "
-                f"entry {pr.reused_repeat.source_entry[:8]}: computed in full once, to become "
-                f"its own source (recurring_sources)")), []
-        pr.exact_entry, pr.exact_latent = pr.reused_repeat, pr.reused_repeat_latent
+    if pr.exact_latent is not None and not pr.serves_stored:
+        return Plan(False, reason=(
+            f"exact repeat of entry {pr.exact_entry.id[:8]}, which was served by reusing entry "
+            f"{pr.exact_entry.source_entry[:8]}: computed in full once, to become its own source "
+            f"(recurring_sources)")), []
     if pr.exact_latent is not None:
         return Plan(False, entry_id=pr.exact_entry.id,
                     reason=f"exact repeat of entry {pr.exact_entry.id[:8]}: its stored result is "
@@ -462,7 +464,7 @@ def lookup_and_gate(pr: ProbeResult) -> tuple[Plan, LookupResult]:
     if pr.cache is None:
         return Plan(False, reason=pr.cache_message or "cache unavailable"), found
     model, problem = calibrated_risk_model(pr)
-    if problem and pr.exact_latent is None and pr.reused_repeat is None:
+    if problem and pr.exact_latent is None:
         return Plan(False, reason=problem), found
     return gate(pr, found, model)[0], found
 
@@ -613,7 +615,7 @@ def reuse(pr: ProbeResult, plan: Plan) -> tuple[torch.Tensor, Summary]:
     """Finish the request: exact repeat, resume from the plan, or continue the probe."""
     t0 = time.perf_counter()
     run, n = pr.run, pr.run.steps
-    if pr.exact_latent is not None:
+    if pr.serves_stored:
         guarded(pr.cache, "recording the hit", pr.cache.record_use, pr.exact_entry.id, n)
         # the probe ran only where a full run was open and the gate then chose the stored result
         probed = pr.probe_steps if pr.x_probe is not None else 0

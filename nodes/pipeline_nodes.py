@@ -104,8 +104,7 @@ class CarnatorCompatibilityGate(io.ComfyNode):
         model, problem = pipeline.calibrated_risk_model(pr) if pr.cache else (None, None)
         settings = gate_settings(risk_budget, min_depth, max_depth, max_region, guided_finish, min_saving,
                                  recurring_sources)
-        usable = model is not None or (pr.cache is not None and (pr.exact_latent is not None
-                                                                or pr.reused_repeat is not None))
+        usable = model is not None or (pr.cache is not None and pr.exact_latent is not None)
         plan, verdicts = pipeline.gate(pr, candidates.found, model, settings) if usable else (
             GatePlan(False, reason=problem or pr.cache_message or "cache unavailable"), [])
         text = (f"accept entry {plan.entry_id[:8]} at k*={plan.reuse_step}/{pr.run.steps}, "

@@ -156,7 +156,7 @@ def test_a_gate_that_turns_recurring_sources_off_serves_the_repeat_and_counts_it
     model = tiny_models["wan21"]
     edited, scene = _session(requests_in, model, True, "shared_noise")[:2]
     cache, pr = _probe(requests_in, model, SCENE, policy="shared_noise")
-    assert pr.reused_repeat is not None and pr.reused_repeat.id == scene.stored_id
+    assert pr.repeat_may_run and pr.exact_entry.id == scene.stored_id
     assert pr.probe_calls > 0                                   # the probe ran
     found = pipeline.lookup(pr)
     model_risk, _ = pipeline.calibrated_risk_model(pr)
