@@ -5,7 +5,8 @@
 # session ends; each step runs two processes at a time (one per core).
 # MODEL defaults to the bundled (language-retrained) tiny world; TAG=lang2 named its results:
 #   TAG=lang2 bash scripts/deeper_recipe_results.sh    # calibration ~85 min, N = 20 ~45 min, N = 30
-#        # and 50 ~80 min, EasyCache'd model's calibration ~85 min and its sweeps ~30 min (2 cores)
+#        # and 50 ~80 min, EasyCache'd model's calibration ~85 min and its sweeps ~30 min, the N = 30
+#        # calibration ~110 min and its workloads ~? min (2 cores)
 # Writes bench/results/studies/${TAG}_region4_calibration/ (measurements, the joint fit, the
 # calibration file the benchmarks load) and bench/results/studies/tinyworld_${TAG}_region4_*.json.
 set -euo pipefail
@@ -64,4 +65,16 @@ for wl in serve iterate; do
 done | xargs -d '\n' -P 2 -I{} bash -c {}
 $PY bench/compose_report.py $S/tinyworld_${TAG}_region4_{serve,iterate}.json \
     $S/tinyworld_${TAG}_region4_easycache_{serve,iterate}.json --out $S/easycache_compute_${TAG}_region4.json --no-plots
-echo "[deeper] done: $CAL, $CAL_E and $S/{tinyworld,easycache_compute}_${TAG}_region4*.json"
+
+# 5. a calibration measured at N = 30 — the region finish keeps its share of the trajectory (6 calls
+#    span the last 12 of 30 steps as 4 span 8 of 20; the same-scene finish keeps its 4 calls, as the
+#    gate ran them at N = 30 on the 20-step calibration) — and the workloads at N = 30 with it
+CAL30=$S/${TAG}_region4_n30_calibration
+calibrate "$CAL30" n30 --steps 30 --other-finish-calls 6
+RISK30=$(ls "$CAL30"/calibration/*.probe0.05.json)
+for wl in serve iterate novel; do
+  out=$S/tinyworld_${TAG}_region4_${wl}_n30_cal30.json
+  skip_or "$out" "$PY bench/tinyworld.py $wl --model $MODEL --steps 30 --probe-fraction 0.05 \
+--budgets 0.02 0.05 0.1 --no-sparse-system --records --no-plots --threads 1 --risk-model $RISK30 --out $out"
+done | xargs -d '\n' -P 2 -I{} bash -c {}
+echo "[deeper] done: $CAL, $CAL_E, $CAL30 and $S/{tinyworld,easycache_compute}_${TAG}_region4*.json"
