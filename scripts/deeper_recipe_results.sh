@@ -6,7 +6,7 @@
 # MODEL defaults to the bundled (language-retrained) tiny world; TAG=lang2 named its results:
 #   TAG=lang2 bash scripts/deeper_recipe_results.sh    # calibration ~85 min, N = 20 ~45 min, N = 30
 #        # and 50 ~80 min, EasyCache'd model's calibration ~85 min and its sweeps ~30 min, the N = 30
-#        # calibration ~110 min and its workloads ~? min (2 cores)
+#        # calibration ~55 min and its three workloads ~25 min (2 cores)
 # Writes bench/results/studies/${TAG}_region4_calibration/ (measurements, the joint fit, the
 # calibration file the benchmarks load) and bench/results/studies/tinyworld_${TAG}_region4_*.json.
 set -euo pipefail
