@@ -119,3 +119,29 @@ def test_checker_gap_splits_wrong_results_by_how_they_were_made(tmp_path):
     assert row["gap_points"] == 100.0 * (4 - 3) / 5            # full 4 right, Carnator 3
     assert row["gap_points_decisions_once"] == 0.0              # 1 broken decision, 1 fixed
     assert row["broke_gate_hits_by_edit"] == {"flip_position": 1}
+
+
+def test_text_states_replay_a_workloads_prompts_bit_for_bit_without_minilm(tmp_path):
+    """scripts/text_states.py: the states a lent machine replays are the ones encoding here gives
+    (one prompt at a time, one thread), and a prompt that was not exported fails with a message
+    instead of loading MiniLM."""
+    prompts = ["a red square moves left at the top", "a blue circle in the centre spins"]
+    workload = tmp_path / "w.jsonl"
+    workload.write_text("".join(json.dumps({"prompt": p, "candidate_prompt": prompts[0]}) + "\n"
+                                for p in prompts))
+    states = tmp_path / "states.safetensors"
+    assert "3 prompts" in run(["scripts/text_states.py", "export", str(workload), str(states)])
+    encode = ("import sys, torch; sys.path.insert(0, {repo!r}); from tinyworld import text as T;"
+              "from safetensors.torch import save_file; {setup}"
+              "save_file({{'s': torch.cat([T.encode_states([p]) for p in {prompts!r}])}}, {out!r})")
+    check = tmp_path / "check.py"
+    check.write_text(encode.format(repo=str(REPO), prompts=prompts, out=str(tmp_path / "replayed"),
+                                   setup="") + "\ntry:\n    T.encode_states(['a prompt nobody exported'])\n"
+                     "except RuntimeError as e:\n    print('refused:', e)\n")
+    printed = run(["scripts/text_states.py", "run", str(states), str(check)])
+    assert "refused: a prompt's text state is not in" in printed
+    run(["-c", encode.format(repo=str(REPO), prompts=prompts, out=str(tmp_path / "encoded"),
+                             setup="torch.set_num_threads(1);")])
+    from safetensors.torch import load_file
+    import torch
+    assert torch.equal(load_file(tmp_path / "replayed")["s"], load_file(tmp_path / "encoded")["s"])
