@@ -364,11 +364,25 @@ def calibration_path(cache_folder: str | Path, model_fingerprint: str,
 
 
 def save(model: RiskModel, cache_folder: str | Path, model_fingerprint: str) -> Path:
-    """Write the model where the gate finds it for the probe it was measured with."""
+    """Write the model where the gate finds it for the probe it was measured with: as the
+    general file (used at any N, depths by their share), unless that one holds a calibration
+    measured at another N — then beside it, for requests at this N only, so calibrating at
+    30 steps does not take away the 20-step guarantee (or the reverse)."""
     path = calibration_path(cache_folder, model_fingerprint, model.probe_fraction)
+    steps = model.measured_steps
+    if steps and path.is_file() and _measured_steps_of(path) not in (steps, None):
+        path = calibration_file(cache_folder, model_fingerprint, model.probe_fraction, steps)
     path.parent.mkdir(parents=True, exist_ok=True)
     model.save(path)
     return path
+
+
+def _measured_steps_of(path: Path) -> int | None:
+    """The N a calibration file was measured at (0: not recorded); None: unreadable, replace it."""
+    try:
+        return int(json.loads(path.read_text()).get("measured_steps") or 0)
+    except (OSError, ValueError, AttributeError):
+        return None
 
 
 def save_instances(instances: list[dict], path: str | Path) -> None:

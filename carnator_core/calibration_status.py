@@ -5,20 +5,21 @@ from __future__ import annotations
 from pathlib import Path
 
 from . import audit
-from .gate import (DEFAULT_PROBE_FRACTION, RiskModel, calibrated_probes, calibration_file,
+from .gate import (DEFAULT_PROBE_FRACTION, RiskModel, calibrated_probes, calibration_in_use,
                    risk_model_for, same_probe)
 
 
 def model_status(cache_folder: str | Path, fingerprint: str, model: RiskModel | None = None,
-                 probe_fraction: float = DEFAULT_PROBE_FRACTION) -> dict:
+                 probe_fraction: float = DEFAULT_PROBE_FRACTION, steps: int = 0) -> dict:
     """The gate's calibration and audits for one model fingerprint and probe (``model``: the
-    risk model already loaded for them, so a request does not read the file twice)."""
+    risk model already loaded for them, so a request does not read the file twice; ``steps``:
+    the request's N, where a calibration measured at that N is the one in use)."""
     folder = Path(cache_folder)
-    where = "cache" if calibration_file(folder, fingerprint, probe_fraction).is_file() else None
+    where = "cache" if calibration_in_use(folder, fingerprint, probe_fraction, steps).is_file() else None
     problem = None
     if model is None:
         try:
-            model = risk_model_for(folder, fingerprint, probe_fraction)
+            model = risk_model_for(folder, fingerprint, probe_fraction, steps)
         except ValueError as e:
             model, problem = RiskModel(probe_fraction=probe_fraction), str(e)
     out = {"fingerprint": fingerprint, "calibrated": bool(model.calibrated and where),

@@ -106,12 +106,14 @@ def same_probe(a: float, b: float) -> bool:
 
 
 def calibration_file(cache_folder: str | Path, model_fingerprint: str,
-                     probe_fraction: float = DEFAULT_PROBE_FRACTION) -> Path:
+                     probe_fraction: float = DEFAULT_PROBE_FRACTION, steps: int = 0) -> Path:
     """Where a model's calibration for this probe lives: ``<fingerprint>.json`` for the
-    default probe, ``<fingerprint>.probe<share>.json`` for another."""
+    default probe, ``<fingerprint>.probe<share>.json`` for another — the one used at any N.
+    ``steps``: the name of one measured at that N beside it (``….n<steps>.json``), which the
+    gate prefers at that N (calibration.save writes it when the first holds another N)."""
     name = model_fingerprint if same_probe(probe_fraction, DEFAULT_PROBE_FRACTION) \
         else f"{model_fingerprint}.probe{float(probe_fraction):g}"
-    return Path(cache_folder) / "calibration" / f"{name}.json"
+    return Path(cache_folder) / "calibration" / (f"{name}.n{steps}.json" if steps else f"{name}.json")
 
 
 def calibrated_probes(cache_folder: str | Path, model_fingerprint: str) -> list[float]:
@@ -340,11 +342,12 @@ def _logistic(x: torch.Tensor, y: torch.Tensor, l2: float, iters: int, lr: float
 
 
 def risk_model_for(cache_folder: str | Path, model_fingerprint: str,
-                   probe_fraction: float = DEFAULT_PROBE_FRACTION) -> RiskModel:
+                   probe_fraction: float = DEFAULT_PROBE_FRACTION, steps: int = 0) -> RiskModel:
     """The calibrated risk model for this model and probe if one was fitted, else the
     default prior. A file is found by the model's fingerprint and the probe only: another
-    model's, or one measured with another probe, is never used."""
-    path = calibration_file(cache_folder, model_fingerprint, probe_fraction)
+    model's, or one measured with another probe, is never used. ``steps``: the request's N;
+    a calibration measured at that N is preferred to the one carried over by depth shares."""
+    path = calibration_in_use(cache_folder, model_fingerprint, probe_fraction, steps)
     if not path.is_file():
         return RiskModel(probe_fraction=float(probe_fraction))
     model = RiskModel.load(path)
@@ -352,7 +355,19 @@ def risk_model_for(cache_folder: str | Path, model_fingerprint: str,
         raise ValueError(f"risk model {path} was measured with probe_fraction "
                          f"{model.probe_fraction:g}, not {float(probe_fraction):g}: its name and "
                          "content disagree; re-run calibration or delete the file")
+    if path != calibration_file(cache_folder, model_fingerprint, probe_fraction) \
+            and model.measured_steps != steps:
+        raise ValueError(f"risk model {path} was measured at {model.measured_steps} steps, not "
+                         f"{steps}: its name and content disagree; re-run calibration or delete the file")
     return model
+
+
+def calibration_in_use(cache_folder: str | Path, model_fingerprint: str,
+                       probe_fraction: float = DEFAULT_PROBE_FRACTION, steps: int = 0) -> Path:
+    """The file risk_model_for reads at ``steps``: the one measured at that N, else the general one."""
+    at_n = calibration_file(cache_folder, model_fingerprint, probe_fraction, steps) if steps else None
+    return at_n if at_n is not None and at_n.is_file() \
+        else calibration_file(cache_folder, model_fingerprint, probe_fraction)
 
 
 @dataclass

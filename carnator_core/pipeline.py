@@ -474,7 +474,7 @@ def calibrated_risk_model(pr: ProbeResult) -> tuple[RiskModel | None, str | None
     the request (it runs as a miss, or as the exact repeat it is)."""
     try:
         return risk_model_for(pr.cache.folder, pr.klass.model_fingerprint,
-                              pr.settings.probe_fraction), None
+                              pr.settings.probe_fraction, pr.run.steps), None
     except (ValueError, OSError) as e:
         return None, f"{e}; the request ran as a miss"
 
@@ -687,7 +687,7 @@ def reuse(pr: ProbeResult, plan: Plan) -> tuple[torch.Tensor, Summary]:
     if pr.cache is not None:
         s.calibration = guarded(pr.cache, "reading the calibration status", lambda: status_line(
             model_status(pr.cache.folder, pr.klass.model_fingerprint, pr.gate_model,
-                         pr.settings.probe_fraction),
+                         pr.settings.probe_fraction, n),
             pr.settings.gate.risk_budget, n),
             default="") or ""
     _finish_summary(pr, s, notes)

@@ -247,8 +247,8 @@ def calibrate(make_run: Callable[[str, int], object], pairs: list[dict], setting
                   steps=steps, source=model.source, thresholds=model.thresholds,
                   probe_fraction=settings.probe_fraction, region_fill_on_m=model.region_fill_on_m,
                   region_margin=model.region_margin)
-    CAL.save(model, cache_folder, fingerprint)
-    path.with_name(path.stem + ".report.json").write_text(json.dumps(report, indent=1))
+    saved = CAL.save(model, cache_folder, fingerprint)  # beside the general file if that holds another N
+    saved.with_name(saved.stem + ".report.json").write_text(json.dumps(report, indent=1))
     return model, report
 
 

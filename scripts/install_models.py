@@ -8,7 +8,7 @@ Copies (never overwrites a file that differs: it says so and leaves it):
 - models/tinyworld/carnator_tinyworld_wan21.safetensors (the trained tiny world, 3.6 MB) and
   models/tiny/*.safetensors (three random-weight models of real architectures, 12 MB) into
   <ComfyUI>/models/diffusion_models/, the folder of Load Diffusion Model (UNETLoader);
-- models/calibration/<fingerprint>[.probe<share>].json (each bundled model's calibrations, one
+- models/calibration/<fingerprint>[.probe<share>][.n<steps>].json (each bundled model's calibrations, one
   per probe_fraction measured) into the default
   cache, <user directory>/carnator_cache/calibration/, so their gates run calibrated.
   A calibration you made yourself for the same model is kept.
@@ -34,9 +34,10 @@ def bundled_models() -> list[Path]:
 
 
 def bundled_calibrations() -> list[Path]:
-    """<fingerprint>.json (the default probe) and <fingerprint>.probe<share>.json (another)."""
+    """<fingerprint>.json (the default probe), <fingerprint>.probe<share>.json (another), each
+    possibly with a .n<steps> twin measured at that N."""
     return sorted(f for f in (PACK / "models" / "calibration").glob("*.json")
-                  if re.fullmatch(r"[0-9a-f]{32}(\.probe[0-9.]+)?", f.stem))
+                  if re.fullmatch(r"[0-9a-f]{32}(\.probe[0-9.]*[0-9])?(\.n[0-9]+)?", f.stem))
 
 
 def find_comfyui(given: str | None) -> Path | None:

@@ -144,12 +144,12 @@ class Interrupted(Exception):
     pass
 
 
-def _tiny_runs(model, requests):
+def _tiny_runs(model, requests, steps=8):
     made = []
 
     def make_run(prompt, seed):
         made.append(prompt)
-        return requests.run_obj(model, "wan21", prompt, seed=seed, shape=(1, 16, 3, 8, 8), steps=8)
+        return requests.run_obj(model, "wan21", prompt, seed=seed, shape=(1, 16, 3, 8, 8), steps=steps)
     return make_run, made
 
 
@@ -217,6 +217,45 @@ def test_a_farm_sets_the_audit_rate_once_in_the_environment(monkeypatch):
     assert audit_rate_default() == 0.02
     monkeypatch.setenv("CARNATOR_AUDIT_RATE", "lots")
     assert audit_rate_default() == 0.0  # not a number: off, with a warning in the log
+
+
+# ------------------------------------------------------------------ a calibration per N
+def test_a_calibration_at_another_n_is_kept_beside_the_first_and_used_at_its_n(tiny_models, requests_in):
+    """Calibrating at 10 steps after 8 keeps the 8-step file (used at any other N, depths by
+    their share) and writes the 10-step one beside it; a request at 10 steps is gated by the
+    10-step calibration, so its summary states α as certified there."""
+    model = tiny_models["wan21"]
+    from carnator_core.comfy_adapter import model_fingerprint
+    fp, folder = model_fingerprint(model), Path(requests_in.cache_folder)
+    pairs, tol = prompt_pairs.pairs(n=4, seed=0), Tolerance(30.0, "latent")
+    calibrate(_tiny_runs(model, requests_in, 8)[0], pairs, requests_in.settings, tol, folder, fp, 8)
+    general = folder / "calibration" / f"{fp}.json"
+    first = general.read_text()
+    calibrate(_tiny_runs(model, requests_in, 10)[0], pairs, requests_in.settings, tol, folder, fp, 10)
+    assert general.read_text() == first  # the 8-step calibration was not replaced
+    at_ten = folder / "calibration" / f"{fp}.n10.json"
+    assert at_ten.is_file() and (folder / "calibration" / f"{fp}.n10.report.json").is_file()
+    assert risk_model_for(folder, fp, steps=10).measured_steps == 10
+    assert risk_model_for(folder, fp, steps=8).measured_steps == 8
+    assert risk_model_for(folder, fp, steps=12).measured_steps == 8 and risk_model_for(folder, fp).measured_steps == 8
+
+    _, request = requests_in(model, "wan21", PROMPT)  # these requests sample 10 steps
+    assert request.steps_total == 10
+    assert "gate: calibrated (" in request.calibration and "measured at" not in request.calibration, request.text()
+    at_twelve = status_line(model_status(folder, fp, steps=12), 0.05, 12)
+    assert "measured at 8 steps: at 12 the depths carry over" in at_twelve
+
+    # recalibrating at 8 steps replaces the general file, not the 10-step one
+    ten = at_ten.read_text()
+    calibrate(_tiny_runs(model, requests_in, 8)[0], prompt_pairs.pairs(n=5, seed=0), requests_in.settings,
+              tol, folder, fp, 8)
+    assert general.read_text() != first and at_ten.read_text() == ten
+    # a file named for one N that holds another is refused; the request still runs, as a miss
+    at_ten.write_text(first)
+    with pytest.raises(ValueError, match="measured at 8 steps, not 10"):
+        risk_model_for(folder, fp, steps=10)
+    _, refused = requests_in(model, "wan21", RELATED)
+    assert refused.outcome == "miss" and "measured at 8 steps, not 10" in refused.reason
 
 
 # ------------------------------------------------------------------ a calibration per probe

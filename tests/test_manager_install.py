@@ -59,8 +59,9 @@ def test_comfyui_manager_installs_the_pack_and_comfyui_loads_it(tmp_path, git_se
     assert {"carnator_tinyworld_wan21.safetensors", "carnator_tiny_wan21.safetensors"} <= placed, placed
     calibrations = {p.name for p in (user / "carnator_cache" / "calibration").iterdir()}
     bundled = {p.name for p in (installed / "models" / "calibration").glob("*.json")
-               if re.fullmatch(r"[0-9a-f]{32}(\.probe[0-9.]+)?\.json", p.name)}  # one per model and probe
+               if re.fullmatch(r"[0-9a-f]{32}(\.probe[0-9.]+)?(\.n[0-9]+)?\.json", p.name)}  # per model, probe, N
     assert bundled <= calibrations and any(".probe" in n for n in bundled), (bundled, calibrations)
+    assert any(n.endswith(".n30.json") for n in bundled), bundled  # the tiny world's 30-step one too
     again = subprocess.run([sys.executable, str(installed / "scripts" / "install_models.py"),
                             "--user-directory", str(user)], cwd=host, capture_output=True, text=True)
     assert "copied" not in again.stdout and "already there" in again.stdout, again.stdout
