@@ -638,13 +638,22 @@ def default_risk_model(fingerprint: str, probe_fraction: float | None = None) ->
 
 
 def easycache_risk_model(folder: str | None, fingerprint: str, probe_fraction: float | None) -> str | None:
-    """The calibration of the EasyCache'd model in ``folder``, if there is one."""
+    """The calibration of the EasyCache'd model in ``folder`` (a cache or results folder, or
+    the ``calibration/`` folder inside one); None without a folder. A folder given without
+    this model's calibration is an error: falling back to the plain model's calibration
+    silently is how a study once ran Carnator + EasyCache on the wrong one."""
     if not folder:
         return None
     from carnator_core.gate import DEFAULT_PROBE_FRACTION, calibration_file
-    path = calibration_file(folder, fingerprint,
-                            DEFAULT_PROBE_FRACTION if probe_fraction is None else probe_fraction)
-    return str(path) if path.is_file() else None
+    probe = DEFAULT_PROBE_FRACTION if probe_fraction is None else probe_fraction
+    norm = os.path.normpath(folder)
+    base = os.path.dirname(norm) if os.path.basename(norm) == "calibration" else norm
+    path = calibration_file(base or ".", fingerprint, probe)
+    if not path.is_file():
+        raise SystemExit(f"--easycache-risk-model {folder}: no calibration of the EasyCache'd model "
+                         f"(fingerprint {fingerprint}, probe {probe:g}) at {path}; measure one with "
+                         "bench/calibrate.py --easycache T, or leave the option out")
+    return str(path)
 
 
 def merge(paths: list[str], out: str, plots: bool = True) -> dict:
@@ -712,9 +721,9 @@ def main(argv=None) -> dict:
     ap.add_argument("--easycache-risk-model", default=None, metavar="DIR",
                     help="a folder holding calibrations of the model with EasyCache applied "
                          "(bench/calibrate.py --easycache T; found by that model's fingerprint and "
-                         "the probe): the Carnator + EasyCache runs use them; without one they apply "
-                         "the plain model's calibration (the fingerprint names EasyCache's threshold: "
-                         "a threshold without its own calibration gets the plain one)")
+                         "the probe; the results folder or its calibration/ folder): the Carnator + "
+                         "EasyCache runs use them, and stop if the folder lacks one; without this "
+                         "option they apply the plain model's calibration")
     ap.add_argument("--records", action="store_true",
                     help="also write every Carnator request's record (per budget) to the JSON")
     ap.add_argument("--merge", nargs="+", metavar="JSON",

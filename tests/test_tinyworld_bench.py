@@ -279,3 +279,21 @@ def test_the_session_interval_widens_when_failures_cluster_in_sessions():
     assert lo_s == hi_s == pytest.approx(0.1)  # every session alike: nothing to resample
     assert lo_c < 0.05 and hi_c > 0.15 and lo_c <= 0.1 <= hi_c
     assert b.session_interval([{"failed": True}], lambda r: r["failed"]) is None  # no sessions
+
+
+def test_the_easycache_calibration_is_found_in_either_folder_or_refused(tmp_path):
+    """--easycache-risk-model takes a results folder or the calibration/ folder inside it, and
+    a folder without the EasyCache'd model's calibration stops the run instead of quietly
+    gating with the plain model's (a study once did, unnoticed)."""
+    from carnator_core import calibration as CAL
+    from carnator_core.gate import RiskModel
+    tw = _bench()
+    model = RiskModel(probe_fraction=0.05)
+    saved = CAL.save(model, tmp_path / "ec", "fp_eased")
+    for given in (tmp_path / "ec", tmp_path / "ec" / "calibration", f"{tmp_path / 'ec' / 'calibration'}/"):
+        assert tw.easycache_risk_model(str(given), "fp_eased", 0.05) == str(saved)
+    assert tw.easycache_risk_model(None, "fp_eased", 0.05) is None  # no option: none asked for
+    with pytest.raises(SystemExit, match="no calibration of the EasyCache'd model"):
+        tw.easycache_risk_model(str(tmp_path / "ec"), "fp_plain", 0.05)
+    with pytest.raises(SystemExit, match="probe 0.1"):
+        tw.easycache_risk_model(str(tmp_path / "ec"), "fp_eased", 0.1)
