@@ -6,7 +6,7 @@
 # MODEL defaults to the bundled (language-retrained) tiny world; TAG=lang2 named its results:
 #   TAG=lang2 bash scripts/deeper_recipe_results.sh    # calibration ~85 min, N = 20 ~45 min, N = 30
 #        # and 50 ~80 min, EasyCache'd model's calibration ~85 min and its sweeps ~30 min, the N = 30
-#        # calibration ~55 min and its three workloads ~25 min (2 cores)
+#        # calibration ~55 min and its four workloads ~40 min (2 cores)
 # Writes bench/results/studies/${TAG}_region4_calibration/ (measurements, the joint fit, the
 # calibration file the benchmarks load) and bench/results/studies/tinyworld_${TAG}_region4_*.json.
 set -euo pipefail
@@ -72,7 +72,7 @@ $PY bench/compose_report.py $S/tinyworld_${TAG}_region4_{serve,iterate}.json \
 CAL30=$S/${TAG}_region4_n30_calibration
 calibrate "$CAL30" n30 --steps 30 --other-finish-calls 6
 RISK30=$(ls "$CAL30"/calibration/*.probe0.05.json)
-for wl in serve iterate novel; do
+for wl in serve iterate novel iterate_replicate; do
   out=$S/tinyworld_${TAG}_region4_${wl}_n30_cal30.json
   skip_or "$out" "$PY bench/tinyworld.py $wl --model $MODEL --steps 30 --probe-fraction 0.05 \
 --budgets 0.02 0.05 0.1 --no-sparse-system --records --no-plots --threads 1 --risk-model $RISK30 --out $out"
