@@ -28,11 +28,12 @@ from tinyworld import text as TXT  # noqa: E402
 
 
 def workload_prompts(name: str) -> list[str]:
-    path = name if os.path.isfile(name) else os.path.join(REPO, "bench", "workloads", f"{name}.jsonl")
-    texts = {""}  # the negative prompt
-    with open(path) as f:
-        for ln in map(json.loads, filter(str.strip, f)):
-            texts.update(v for k, v in ln.items() if k.endswith("prompt") and isinstance(v, str))
+    """Every prompt of the workload as the benchmarks read it (a name or a path), and the negative."""
+    import repo_scripts  # tests/: bench/tinyworld.py by path (its name clashes with the package)
+    _, lines = repo_scripts.load("bench/tinyworld.py", "bench_tw").load_workload(name)
+    texts = {""}
+    for ln in lines:
+        texts.update(v for k, v in ln.items() if k.endswith("prompt") and isinstance(v, str))
     return sorted(texts)
 
 

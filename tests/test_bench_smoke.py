@@ -127,7 +127,8 @@ def test_text_states_replay_a_workloads_prompts_bit_for_bit_without_minilm(tmp_p
     instead of loading MiniLM."""
     prompts = ["a red square moves left at the top", "a blue circle in the centre spins"]
     workload = tmp_path / "w.jsonl"
-    workload.write_text("".join(json.dumps({"prompt": p, "candidate_prompt": prompts[0]}) + "\n"
+    scene = {"objects": [{"shape": "triangle", "colour": "green", "position": "bottom left", "motion": "right"}]}
+    workload.write_text("".join(json.dumps({"prompt": p, "candidate_prompt": prompts[0], "scene": scene}) + "\n"
                                 for p in prompts))
     states = tmp_path / "states.safetensors"
     assert "3 prompts" in run(["scripts/text_states.py", "export", str(workload), str(states)])
