@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from . import audit
-from .gate import (DEFAULT_PROBE_FRACTION, RiskModel, calibrated_probes, calibration_in_use,
-                   risk_model_for, same_probe)
+from .gate import (DEFAULT_PROBE_FRACTION, RiskModel, calibrated_probes, calibrated_steps,
+                   calibration_in_use, risk_model_for, same_probe)
 
 
 def model_status(cache_folder: str | Path, fingerprint: str, model: RiskModel | None = None,
@@ -28,7 +28,9 @@ def model_status(cache_folder: str | Path, fingerprint: str, model: RiskModel | 
            "certified_budgets": sorted({float(a) for t in model.thresholds.values() for a in t}),
            "measured_steps": model.measured_steps,
            "problem": problem, "audits": {}, "probe_fraction": float(probe_fraction),
-           "other_probes": other_probes(folder, fingerprint, probe_fraction)}
+           "other_probes": other_probes(folder, fingerprint, probe_fraction),
+           # calibrations measured at one N, each used instead of the general one at its N
+           "calibrated_steps": calibrated_steps(folder, fingerprint)}
     if (folder / audit.DB_NAME).exists():
         with audit.AuditLog(folder) as log:
             out["audits"] = log.status(fingerprint, audit.calibration_id(model))

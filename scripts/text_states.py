@@ -1,6 +1,6 @@
 """Run a tiny-world benchmark where MiniLM cannot travel (a lent GPU machine: its weights are
 88 MB, a call carries 64 MiB): encode a workload's prompts here, carry their text states, and
-replay them there into ``tinyworld.text``'s caches, so the states are the ones this machine's
+replay them there (``tinyworld.text.preload_states``), so the states are the ones this machine's
 fp32 MiniLM gives, bit for bit (not a smaller re-encoded copy).
 
     python scripts/text_states.py export calibration out/states.safetensors
@@ -40,15 +40,13 @@ def workload_prompts(name: str) -> list[str]:
 def export(workload: str, path: str) -> None:
     texts = workload_prompts(workload)
     torch.set_num_threads(1)  # as the benchmarks run (--threads 1): the sums' order changes the bits
-    for t in texts:  # one at a time, as a request encodes its prompt (a padded batch differs)
-        TXT.encode_states([t])
     tensors = {}
     for i, t in enumerate(texts):
-        row = TXT._state_cache[t]
+        row, pooled = TXT.cached_states(t)
         # fill_padding repeated the real rows (pooled row + tokens kept) cyclically: keep those
         used = 1 + min(TXT.token_counts([t])[0], TXT.TEXT_LEN - 1)
         tensors[f"s{i}"] = row[:used].contiguous()
-        tensors[f"p{i}"] = TXT._pooled_cache[t].contiguous()
+        tensors[f"p{i}"] = pooled.contiguous()
         assert torch.equal(restore(tensors[f"s{i}"]), row), t
     save_file(tensors, path, metadata={"texts": json.dumps(texts), "workload": workload})
     print(f"{len(texts)} prompts → {path} ({os.path.getsize(path) / 2**20:.1f} MiB)")
@@ -63,13 +61,9 @@ def restore(rows: torch.Tensor) -> torch.Tensor:
 def load(path: str) -> int:
     with safe_open(path, "pt") as f:
         texts = json.loads(f.metadata()["texts"])
-        for i, t in enumerate(texts):
-            TXT._state_cache[t] = restore(f.get_tensor(f"s{i}"))
-            TXT._pooled_cache[t] = f.get_tensor(f"p{i}")
-
-    def missing(*_a, **_k):
-        raise RuntimeError(f"a prompt's text state is not in {path}: export the workload it came from")
-    TXT._load = missing
+        states = {t: (restore(f.get_tensor(f"s{i}")), f.get_tensor(f"p{i}")) for i, t in enumerate(texts)}
+    TXT.preload_states(states, offline=f"a prompt's text state is not in {path}: "
+                                       "export the workload it came from")
     return len(texts)
 
 

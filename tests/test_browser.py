@@ -27,6 +27,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import shutil
 import sqlite3
 import sys
@@ -86,7 +87,8 @@ def server(request, tmp_path_factory):
     seed_user_settings(work / "user")
     (work / "user" / "carnator_cache" / "calibration").mkdir(parents=True)
     for f in CALIBRATION.glob("*.json"):
-        if len(f.stem) == 32:  # <fingerprint>.json: not their reports, not demo_models.json
+        # <fingerprint>.json and one measured at an N (….n30.json): not reports, not demo_models.json
+        if len(f.stem) == 32 or re.fullmatch(r"[0-9a-f]{32}(\.probe[0-9.]+)?\.n\d+\.json", f.name):
             shutil.copy(f, work / "user" / "carnator_cache" / "calibration" / f.name)
     with ComfyServer(work, front_end_root=root) as s:
         s.front_end = request.param
@@ -454,6 +456,13 @@ def test_miss_then_hit_on_the_node_and_the_cache_tab(server):
             listed = server.get("/carnator/calibration")["models"][0]
             assert (f"measured at {listed['measured_steps']} steps" in gate) == bool(listed["measured_steps"]), gate
             assert "no live audits yet" in gate, gate
+            # a calibration measured at its own N is listed with the model it belongs to
+            at_n = [m for m in server.get("/carnator/calibration")["models"] if m["calibrated_steps"]]
+            assert at_n, "the bundled tiny world's 30-step calibration is not listed"
+            for m in at_n:
+                row = page.locator(f'.carnator-gate[data-fingerprint="{m["fingerprint"]}"]').inner_text()
+                for c in m["calibrated_steps"]:
+                    assert f"{c['steps']} steps" in row and "own calibration at" in row, row
             page.screenshot(path=str(OUTPUT / f"04-cache-tab-{name}.png"))
 
             # delete the first request's entry with its button

@@ -238,6 +238,8 @@ def test_a_calibration_at_another_n_is_kept_beside_the_first_and_used_at_its_n(t
     assert risk_model_for(folder, fp, steps=10).measured_steps == 10
     assert risk_model_for(folder, fp, steps=8).measured_steps == 8
     assert risk_model_for(folder, fp, steps=12).measured_steps == 8 and risk_model_for(folder, fp).measured_steps == 8
+    # the cache tab lists it with the model (the route's model_status)
+    assert model_status(folder, fp)["calibrated_steps"] == [{"probe_fraction": 0.1, "steps": 10}]
 
     _, request = requests_in(model, "wan21", PROMPT)  # these requests sample 10 steps
     assert request.steps_total == 10

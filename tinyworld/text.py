@@ -30,7 +30,7 @@ from __future__ import annotations
 import glob
 import os
 import threading
-from typing import Dict, List, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -51,6 +51,7 @@ _adapter = None
 _cache: Dict[str, torch.Tensor] = {}
 _state_cache: Dict[str, torch.Tensor] = {}
 _pooled_cache: Dict[str, torch.Tensor] = {}
+_offline: Optional[str] = None  # set by preload_states: why MiniLM must not load here
 
 
 def model_dir() -> str:
@@ -70,6 +71,8 @@ def model_dir() -> str:
 
 def _load():
     global _model, _tokenizer
+    if _offline is not None:
+        raise RuntimeError(_offline)
     if _model is None:
         with _lock:
             if _model is None:
@@ -225,6 +228,24 @@ def conditioning(text: str, frames: int = 4, h: int = 16, w: int = 16):
     ``[[cond, {"concat_latent_image": coordinate frames}]]`` (see latent.coords)."""
     from . import latent
     return [[encode(text), {"concat_latent_image": latent.coords_comfy(frames, h, w)}]]
+
+
+def cached_states(text: str) -> Tuple[torch.Tensor, torch.Tensor]:
+    """One prompt's (TEXT_LEN, 384) state rows and pooled MiniLM row, encoded alone (as a
+    request encodes its prompt: a padded batch changes the bits)."""
+    encode_states([text])
+    return _state_cache[text], _pooled_cache[text]
+
+
+def preload_states(states: Dict[str, Tuple[torch.Tensor, torch.Tensor]], offline: Optional[str] = None):
+    """Put prompts' states (``cached_states``'s, perhaps from another machine) in the caches;
+    ``offline``: from now on a prompt outside them raises this message instead of loading
+    MiniLM (where its weights are not installed)."""
+    global _offline
+    for text, (rows, pooled) in states.items():
+        _state_cache[text], _pooled_cache[text] = rows, pooled
+    if offline is not None:
+        _offline = offline
 
 
 def clear_cache():

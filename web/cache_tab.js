@@ -179,6 +179,10 @@ class CachePanel {
       const tol = m.tolerance;
       // a calibration holds for the probe_fraction it was measured with (10% unless named)
       const others = (m.other_probes ?? []).length ? ` · also for probe_fraction ${m.other_probes.join(", ")}` : "";
+      // a calibration measured at one N is the one the gate uses at that N (and probe)
+      const atN = (m.calibrated_steps ?? []).map((c) => `${c.steps} steps` +
+        (c.probe_fraction === m.probe_fraction ? "" : ` (probe_fraction ${c.probe_fraction})`));
+      const ownN = atN.length ? ` · own calibration at ${atN.join(", ")}, used at that N` : "";
       const what = m.problem ? `calibration unusable: ${m.problem}`
         : m.calibrated ? `calibrated: ${m.measured_reuses.toLocaleString()} reuses measured` +
           // α is certified at the steps it was measured with; other N borrow it by depth share
@@ -199,7 +203,7 @@ class CachePanel {
       return el("div", { class: "carnator-gate", dataset: { fingerprint: m.fingerprint } },
         el("div", { class: "carnator-gate-model", title: m.example ? `e.g. “${m.example}”` : "" },
           `model ${m.fingerprint.slice(0, 8)}`),
-        el("div", { class: m.calibrated ? "carnator-gate-calibrated" : "carnator-gate-prior" }, what),
+        el("div", { class: m.calibrated ? "carnator-gate-calibrated" : "carnator-gate-prior" }, what + ownN),
         audits.length ? audits : el("div", { class: "carnator-audit" }, "no live audits yet (audit_rate on the sampler)"));
     });
     return el("div", { class: "carnator-gates" }, rows.length ? [el("h4", {}, "Gate calibration"), ...rows] : []);
