@@ -2,6 +2,7 @@
 live audits measured against α (issue 11). Read by the node summary and the cache tab."""
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from . import audit
@@ -42,13 +43,16 @@ def other_probes(folder: Path, fingerprint: str, probe_fraction: float) -> list[
     return [f for f in calibrated_probes(folder, fingerprint) if not same_probe(f, probe_fraction)]
 
 
+CALIBRATION_NAME = re.compile(r"([^.]+)(?:\.probe[0-9.]+?)?(?:\.n\d+)?\.json")
+
+
 def known_fingerprints(cache_folder: str | Path, from_entries: list[str] = ()) -> list[str]:
     """Models with entries, a calibration file or audits in this cache folder."""
     folder = Path(cache_folder)
     found = set(from_entries)
     cal = folder / "calibration"
-    if cal.is_dir():
-        found |= {p.stem for p in cal.glob("*.json") if "." not in p.stem}
+    if cal.is_dir():  # a calibration for any probe or N (gate.calibration_file's names)
+        found |= {m.group(1) for p in cal.glob("*.json") if (m := CALIBRATION_NAME.fullmatch(p.name))}
     if (folder / audit.DB_NAME).exists():
         with audit.AuditLog(folder) as log:
             found |= {r[0] for r in log.db.execute("SELECT DISTINCT fingerprint FROM audits")}

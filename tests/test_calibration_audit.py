@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from carnator_core import audit, prompt_pairs
-from carnator_core.calibration_status import model_status, status_line
+from carnator_core.calibration_status import known_fingerprints, model_status, status_line
 from carnator_core.gate import RiskModel, evidence_class, risk_model_for
 from carnator_core.risk_control import min_accepted
 from carnator_core.self_calibration import Tolerance, calibrate, load_progress, progress_path, report_text
@@ -277,6 +277,7 @@ def test_a_calibration_holds_for_the_probe_it_was_measured_with(tiny_models, req
     assert report["probe_fraction"] == 0.25 and "probe_fraction 0.25" in report_text(report)
     assert (Path(folder) / "calibration" / f"{fp}.probe0.25.json").is_file()
     assert not (Path(folder) / "calibration" / f"{fp}.json").exists()
+    assert fp in known_fingerprints(folder)  # the cache tab lists a model calibrated for one probe only
     assert risk_model_for(folder, fp, 0.25).calibrated and risk_model_for(folder, fp, 0.25).probe_fraction == 0.25
     assert not risk_model_for(folder, fp).calibrated  # the default probe: the prior
 
