@@ -6,7 +6,8 @@
 # MODEL defaults to the bundled (language-retrained) tiny world; TAG=lang2 named its results:
 #   TAG=lang2 bash scripts/deeper_recipe_results.sh    # calibration ~85 min, N = 20 ~45 min, N = 30
 #        # and 50 ~80 min, EasyCache'd model's calibration ~85 min and its sweeps ~30 min, the N = 30
-#        # calibration ~55 min and its four workloads ~40 min (2 cores)
+#        # calibration ~55 min and its four workloads ~40 min, the N = 50 calibration ~95 min and
+#        # its two workloads ~? min (2 cores)
 # Writes bench/results/studies/${TAG}_region4_calibration/ (measurements, the joint fit, the
 # calibration file the benchmarks load) and bench/results/studies/tinyworld_${TAG}_region4_*.json.
 set -euo pipefail
@@ -77,4 +78,13 @@ for wl in serve iterate novel iterate_replicate; do
   skip_or "$out" "$PY bench/tinyworld.py $wl --model $MODEL --steps 30 --probe-fraction 0.05 \
 --budgets 0.02 0.05 0.1 --no-sparse-system --records --no-plots --threads 1 --risk-model $RISK30 --out $out"
 done | xargs -d '\n' -P 2 -I{} bash -c {}
-echo "[deeper] done: $CAL, $CAL_E, $CAL30 and $S/{tinyworld,easycache_compute}_${TAG}_region4*.json"
+# 6. the same at N = 50 (10 region-finish calls span the last 20 of 50 steps), `serve` and `iterate`
+CAL50=$S/${TAG}_region4_n50_calibration
+calibrate "$CAL50" n50 --steps 50 --other-finish-calls 10
+RISK50=$(ls "$CAL50"/calibration/*.probe0.05.json)
+for wl in serve iterate; do
+  out=$S/tinyworld_${TAG}_region4_${wl}_n50_cal50.json
+  skip_or "$out" "$PY bench/tinyworld.py $wl --model $MODEL --steps 50 --probe-fraction 0.05 \
+--budgets 0.02 0.05 0.1 --no-sparse-system --records --no-plots --threads 1 --risk-model $RISK50 --out $out"
+done | xargs -d '\n' -P 2 -I{} bash -c {}
+echo "[deeper] done: $CAL, $CAL_E, $CAL30, $CAL50 and $S/{tinyworld,easycache_compute}_${TAG}_region4*.json"
