@@ -101,24 +101,27 @@ def test_lookup_scale_benchmark_smoke(tmp_path):
 
 def test_checker_gap_splits_wrong_results_by_how_they_were_made(tmp_path):
     """A miss, a wrong gate hit on it, an exact repeat re-serving that hit, a fixed request."""
-    def rec(outcome, ok, ok_full, entry=None, stored=None, edit=None):
+    def rec(outcome, ok, ok_full, entry=None, stored=None, edit=None, psnr=100.0):
         return {"outcome": outcome, "ok": ok, "ok_full": ok_full, "entry_id": entry,
-                "stored_id": stored, "edit": edit}
+                "stored_id": stored, "edit": edit, "psnr": psnr}
     records = [rec("miss", True, True, stored="a"),
-               rec("hit", False, True, entry="a", stored="b", edit="flip_position"),
+               rec("hit", False, True, entry="a", stored="b", edit="flip_position", psnr=33.0),
+               rec("hit", False, True, entry="a", stored="d", edit="object_change_colour", psnr=27.0),
                rec("exact", False, True, entry="b", edit="repeat"),
                rec("hit", True, False, entry="a", stored="c"),
                rec("exact", True, True, entry="a")]
     source = tmp_path / "bench.json"
-    source.write_text(json.dumps({"records": {"iterate": {"0.05": records}}}))
+    source.write_text(json.dumps({"records": {"iterate": {"0.05": records}},
+                                  "settings": {"psnr_bound": 30.0}}))
     target = tmp_path / "gap.json"
     run(["bench/checker_gap.py", str(source), "--out", str(target)])
     row = json.loads(target.read_text())["bench.json"]["iterate"]["0.05"]
-    assert row["broke"] == {"gate_hit": 1, "exact_reserving_hit": 1, "other": 0}
+    assert row["broke"] == {"gate_hit": 2, "exact_reserving_hit": 1, "other": 0}
     assert row["fixed"] == 1 and row["exact_repeats_of_hit_results"] == 1
-    assert row["gap_points"] == 100.0 * (4 - 3) / 5            # full 4 right, Carnator 3
-    assert row["gap_points_decisions_once"] == 0.0              # 1 broken decision, 1 fixed
-    assert row["broke_gate_hits_by_edit"] == {"flip_position": 1}
+    assert row["gap_points"] == 100.0 * (5 - 3) / 6            # full 5 right, Carnator 3
+    assert row["gap_points_decisions_once"] == 100.0 * (2 - 1) / 6  # 2 broken decisions, 1 fixed
+    assert row["broke_gate_hits_by_edit"] == {"flip_position": 1, "object_change_colour": 1}
+    assert row["broke_gate_hits_within_tolerance"] == 1         # 33 dB; the 27 dB one is beyond
 
 
 def test_text_states_replay_a_workloads_prompts_bit_for_bit_without_minilm(tmp_path):
