@@ -61,7 +61,8 @@ def test_comfyui_manager_installs_the_pack_and_comfyui_loads_it(tmp_path, git_se
     bundled = {p.name for p in (installed / "models" / "calibration").glob("*.json")
                if re.fullmatch(r"[0-9a-f]{32}(\.probe[0-9.]+)?(\.n[0-9]+)?\.json", p.name)}  # per model, probe, N
     assert bundled <= calibrations and any(".probe" in n for n in bundled), (bundled, calibrations)
-    assert any(n.endswith(".n30.json") for n in bundled), bundled  # the tiny world's 30-step one too
+    for n_steps in (30, 50):  # the tiny world's 30- and 50-step ones too
+        assert any(n.endswith(f".n{n_steps}.json") for n in bundled), bundled
     again = subprocess.run([sys.executable, str(installed / "scripts" / "install_models.py"),
                             "--user-directory", str(user)], cwd=host, capture_output=True, text=True)
     assert "copied" not in again.stdout and "already there" in again.stdout, again.stdout
