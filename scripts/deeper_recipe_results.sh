@@ -6,8 +6,8 @@
 # MODEL defaults to the bundled (language-retrained) tiny world; TAG=lang2 named its results:
 #   TAG=lang2 bash scripts/deeper_recipe_results.sh    # calibration ~85 min, N = 20 ~45 min, N = 30
 #        # and 50 ~80 min, EasyCache'd model's calibration ~85 min and its sweeps ~30 min, the N = 30
-#        # calibration ~55 min and its four workloads ~40 min, the N = 50 calibration ~95 min and
-#        # its two workloads ~? min (2 cores)
+#        # calibration ~55 min and its four workloads ~40 min, the N = 50 calibration ~80 min and
+#        # its two workloads ~18 min (2 cores)
 # Writes bench/results/studies/${TAG}_region4_calibration/ (measurements, the joint fit, the
 # calibration file the benchmarks load) and bench/results/studies/tinyworld_${TAG}_region4_*.json.
 set -euo pipefail
