@@ -2,12 +2,11 @@
 live audits measured against α (issue 11). Read by the node summary and the cache tab."""
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 from . import audit
-from .gate import (DEFAULT_PROBE_FRACTION, RiskModel, calibrated_probes, calibrated_steps,
-                   calibration_in_use, risk_model_for, same_probe)
+from .gate import (CALIBRATION_NAME, DEFAULT_PROBE_FRACTION, RiskModel, calibrated_probes,
+                   calibrated_steps, calibration_in_use, risk_model_for, same_probe)
 
 
 def model_status(cache_folder: str | Path, fingerprint: str, model: RiskModel | None = None,
@@ -41,9 +40,6 @@ def model_status(cache_folder: str | Path, fingerprint: str, model: RiskModel | 
 def other_probes(folder: Path, fingerprint: str, probe_fraction: float) -> list[float]:
     """The probes this model was calibrated with besides this one (to say which to use)."""
     return [f for f in calibrated_probes(folder, fingerprint) if not same_probe(f, probe_fraction)]
-
-
-CALIBRATION_NAME = re.compile(r"([^.]+)(?:\.probe[0-9.]+?)?(?:\.n\d+)?\.json")
 
 
 def known_fingerprints(cache_folder: str | Path, from_entries: list[str] = ()) -> list[str]:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass, field, asdict
 from pathlib import Path
 
@@ -128,23 +129,23 @@ def calibrated_probes(cache_folder: str | Path, model_fingerprint: str) -> list[
     return sorted(f for f in found if calibration_file(cache_folder, model_fingerprint, f).is_file())
 
 
+# The names calibration_file gives: <fingerprint>[.probe<share>][.n<steps>].json
+CALIBRATION_NAME = re.compile(r"([^.]+)(?:\.probe(\d*\.?\d+))?(?:\.n(\d+))?\.json")
+
+
 def calibrated_steps(cache_folder: str | Path, model_fingerprint: str) -> list[dict]:
     """The calibrations measured at one N beside the general ones (``….n<N>.json``), as
     ``{"probe_fraction", "steps"}``: the gate uses each at its N and probe only."""
     folder = Path(cache_folder) / "calibration"
     found = []
-    for p in folder.glob(f"{model_fingerprint}*.n*.json") if folder.is_dir() else ():
-        head, _, n = p.name[:-len(".json")].rpartition(".n")
-        probe = DEFAULT_PROBE_FRACTION if head == model_fingerprint else None
-        if head.startswith(f"{model_fingerprint}.probe"):
-            try:
-                probe = float(head[len(f"{model_fingerprint}.probe"):])
-            except ValueError:
-                probe = None
+    for p in folder.glob(f"{model_fingerprint}.*") if folder.is_dir() else ():
+        m = CALIBRATION_NAME.fullmatch(p.name)
+        if not (m and m.group(1) == model_fingerprint and m.group(3)):
+            continue
+        probe, steps = float(m.group(2)) if m.group(2) else DEFAULT_PROBE_FRACTION, int(m.group(3))
         # the name must be the one calibration_file gives (e.g. not "….probe0.050.n30.json")
-        if probe is not None and n.isdigit() \
-                and p == calibration_file(cache_folder, model_fingerprint, probe, int(n)):
-            found.append({"probe_fraction": probe, "steps": int(n)})
+        if p == calibration_file(cache_folder, model_fingerprint, probe, steps):
+            found.append({"probe_fraction": probe, "steps": steps})
     return sorted(found, key=lambda f: (f["probe_fraction"], f["steps"]))
 
 

@@ -13,7 +13,7 @@ import torch
 
 from carnator_core import audit, prompt_pairs
 from carnator_core.calibration_status import known_fingerprints, model_status, status_line
-from carnator_core.gate import RiskModel, evidence_class, risk_model_for
+from carnator_core.gate import RiskModel, calibrated_steps, evidence_class, risk_model_for
 from carnator_core.risk_control import min_accepted
 from carnator_core.self_calibration import Tolerance, calibrate, load_progress, progress_path, report_text
 
@@ -184,6 +184,19 @@ def test_calibration_resumes_after_an_interruption_and_writes_the_gates_file(tin
     st = model_status(tmp_path, fp)
     assert st["calibrated"] and st["where"] == "cache"
     assert "calibrated (" in status_line(st, 0.05)
+
+
+def test_the_cache_tab_lists_calibrations_by_the_names_the_gate_reads(tmp_path):
+    """A file counts as a calibration at one N only under the name calibration_file gives it
+    (the gate reads no other); reports, progress files and other models' files do not."""
+    cal = tmp_path / "calibration"
+    cal.mkdir()
+    for name in ("fp.json", "fp.n30.json", "fp.probe0.05.n50.json", "fp.probe0.050.n40.json",
+                 "fp.n30.report.json", "fp.progress.jsonl", "fpx.n20.json", "other.probe0.05.json"):
+        (cal / name).write_text("{}")
+    assert calibrated_steps(tmp_path, "fp") == [{"probe_fraction": 0.05, "steps": 50},
+                                                {"probe_fraction": 0.1, "steps": 30}]
+    assert known_fingerprints(tmp_path) == ["fp", "fpx", "other"]
 
 
 def test_a_calibration_for_another_fingerprint_is_never_used(tmp_path):
