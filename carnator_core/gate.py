@@ -117,36 +117,37 @@ def calibration_file(cache_folder: str | Path, model_fingerprint: str,
     return Path(cache_folder) / "calibration" / (f"{name}.n{steps}.json" if steps else f"{name}.json")
 
 
-def calibrated_probes(cache_folder: str | Path, model_fingerprint: str) -> list[float]:
-    """The probes this model has a calibration file for (the names calibration_file gives)."""
-    folder = Path(cache_folder) / "calibration"
-    found = {DEFAULT_PROBE_FRACTION}
-    for p in folder.glob(f"{model_fingerprint}.probe*.json") if folder.is_dir() else ():
-        try:
-            found.add(float(p.name[len(f"{model_fingerprint}.probe"):-len(".json")]))
-        except ValueError:
-            continue  # a report or progress file beside a calibration
-    return sorted(f for f in found if calibration_file(cache_folder, model_fingerprint, f).is_file())
-
-
 # The names calibration_file gives: <fingerprint>[.probe<share>][.n<steps>].json
 CALIBRATION_NAME = re.compile(r"([^.]+)(?:\.probe(\d*\.?\d+))?(?:\.n(\d+))?\.json")
+
+
+def calibration_files(cache_folder: str | Path, model_fingerprint: str) -> list[tuple[float, int]]:
+    """(probe_fraction, steps) of each calibration file this model has (steps 0: the general
+    file, used at any N), under the names calibration_file gives only — not reports, progress
+    files, or a name the gate would never read (e.g. "….probe0.050.json")."""
+    folder = Path(cache_folder) / "calibration"
+    found = []
+    for p in folder.glob(f"{model_fingerprint}.*") if folder.is_dir() else ():
+        m = CALIBRATION_NAME.fullmatch(p.name)
+        if not (m and m.group(1) == model_fingerprint):
+            continue
+        probe = float(m.group(2)) if m.group(2) else DEFAULT_PROBE_FRACTION
+        steps = int(m.group(3) or 0)
+        if p == calibration_file(cache_folder, model_fingerprint, probe, steps):
+            found.append((probe, steps))
+    return sorted(found)
+
+
+def calibrated_probes(cache_folder: str | Path, model_fingerprint: str) -> list[float]:
+    """The probes this model has a general calibration file for."""
+    return [probe for probe, steps in calibration_files(cache_folder, model_fingerprint) if not steps]
 
 
 def calibrated_steps(cache_folder: str | Path, model_fingerprint: str) -> list[dict]:
     """The calibrations measured at one N beside the general ones (``….n<N>.json``), as
     ``{"probe_fraction", "steps"}``: the gate uses each at its N and probe only."""
-    folder = Path(cache_folder) / "calibration"
-    found = []
-    for p in folder.glob(f"{model_fingerprint}.*") if folder.is_dir() else ():
-        m = CALIBRATION_NAME.fullmatch(p.name)
-        if not (m and m.group(1) == model_fingerprint and m.group(3)):
-            continue
-        probe, steps = float(m.group(2)) if m.group(2) else DEFAULT_PROBE_FRACTION, int(m.group(3))
-        # the name must be the one calibration_file gives (e.g. not "….probe0.050.n30.json")
-        if p == calibration_file(cache_folder, model_fingerprint, probe, steps):
-            found.append({"probe_fraction": probe, "steps": steps})
-    return sorted(found, key=lambda f: (f["probe_fraction"], f["steps"]))
+    return [{"probe_fraction": probe, "steps": steps}
+            for probe, steps in calibration_files(cache_folder, model_fingerprint) if steps]
 
 
 @dataclass
