@@ -48,8 +48,8 @@ from safetensors import SafetensorError
 from safetensors.torch import save_file
 
 from .cache_files import (ENTRY_ID_RE, CacheError, EntryDamaged, EntryUnreadable,  # noqa: F401
-                          FolderLock, kill_point, read_entry, usage_path, valid_entry_id,
-                          write_usage)
+                          REMOVED_SUFFIX, FolderLock, kill_point, missing_reason, read_entry,
+                          usage_path, valid_entry_id, write_usage)
 from .cache_descriptor_blocks import SQLITE, drop_all
 from .cache_descriptors import shortlist
 from .cache_entry import (DEFAULT_CAPACITY_BYTES, ENTRY_COLUMNS, LOG_ROWS_KEPT,  # noqa: F401
@@ -292,11 +292,12 @@ class TrajectoryCache(IndexRepair):
         row is gone too another process evicted it: nothing was lost."""
         if self.read_only:
             return
+        reason = missing_reason(self.tensor_path(entry_id))
         with self._write() as db:
             gone = db.execute("DELETE FROM entries WHERE id = ?", [entry_id]).rowcount
             if gone:
-                self._log_removal(db, entry_id, "lost")
-        if gone:
+                self._log_removal(db, entry_id, reason)
+        if gone and reason == "lost":
             self._report(f"cache entry {entry_id} lost its tensor file; removed from the index")
 
     def _quarantine_entry(self, entry_id: str, why: str) -> None:
@@ -354,13 +355,18 @@ class TrajectoryCache(IndexRepair):
                 return None
             kill_point("store.renamed")
             row["bytes"] = final.stat().st_size
+            aside: list[Path] = []
             try:
                 with self._write() as db:
                     put_entry(db, row)
                     victims = self._choose_victims(db, exclude=entry_id)
                     if victims is None:
                         db.execute("DELETE FROM entries WHERE id = ?", [entry_id])
-            except sqlite3.Error:
+                    else:
+                        aside = self._set_aside(victims)
+                        kill_point("store.evict_set_aside")
+            except BaseException:
+                self._put_back(aside)  # the rows are back: so are their files
                 final.unlink(missing_ok=True)  # no row, no file: the folder stays consistent
                 raise
             kill_point("store.committed")
@@ -370,7 +376,7 @@ class TrajectoryCache(IndexRepair):
                              f"the cache capacity ({self.capacity_bytes / 1e6:.1f} MB) beside the "
                              "pinned entries; raise capacity_gb or unpin entries")
                 return None
-            self._unlink_entries(victims)
+            self._discard(aside, evicted=len(victims))
         return entry_id
 
     def import_rows(self, rows: list[dict[str, Any]]) -> int:
@@ -429,13 +435,37 @@ class TrajectoryCache(IndexRepair):
             self._log_removal(db, entry_id, "evicted")
         return victims
 
-    def _unlink_entries(self, ids: list[str]) -> None:
+    def _set_aside(self, ids: list[str]) -> list[Path]:
+        """Inside the transaction that deletes these rows, before it commits: rename each
+        entry's file to ``<id>.safetensors.removed``. A re-index reads ``*.safetensors``
+        only, so a crash at any later point can never bring a removed entry back; a crash
+        before the commit leaves rows without files, which the next open drops. The renamed
+        files are unlinked after the commit (``_discard``) or by the next sweep."""
+        aside = []
         for entry_id in ids:
             path = self.tensor_path(entry_id)
-            path.unlink(missing_ok=True)
-            usage_path(path).unlink(missing_ok=True)
-        if ids:
-            log.info("Carnator: evicted %s to stay within %.1f MB", _entries(len(ids)),
+            target = path.with_name(path.name + REMOVED_SUFFIX)
+            try:
+                path.replace(target)
+            except FileNotFoundError:
+                continue  # lost already: nothing to bring back
+            aside.append(target)
+        return aside
+
+    def _put_back(self, aside: list[Path]) -> None:
+        """The transaction rolled back: its rows are back, so are their files."""
+        for target in aside:
+            try:
+                target.replace(target.with_name(target.name[: -len(REMOVED_SUFFIX)]))
+            except OSError as e:  # the row now lacks its file: a later read drops it as lost
+                log.warning("Carnator: could not restore %s after a rollback (%s)", target.name, e)
+
+    def _discard(self, aside: list[Path], evicted: int = 0) -> None:
+        for target in aside:
+            target.unlink(missing_ok=True)
+            usage_path(target.with_name(target.name[: -len(REMOVED_SUFFIX)])).unlink(missing_ok=True)
+        if evicted:
+            log.info("Carnator: evicted %s to stay within %.1f MB", _entries(evicted),
                      self.capacity_bytes / 1e6)
 
     def _update_usage(self, sql: str, args: list, entry_id: str) -> bool:
@@ -476,19 +506,24 @@ class TrajectoryCache(IndexRepair):
                                   [int(pinned), entry_id], entry_id)
 
     def delete(self, entry_id: str) -> bool:
-        """Remove an entry: the row first (readers stop seeing it), then its file."""
+        """Remove an entry for good: its file set aside and its row deleted in one
+        transaction (readers stop seeing it at the commit), then the file unlinked."""
         if not valid_entry_id(entry_id):
             return False
         with self.lock():
-            with self._write() as db:
-                existed = db.execute("DELETE FROM entries WHERE id = ?", [entry_id]).rowcount > 0
-                if existed:
-                    self._log_removal(db, entry_id, "deleted")
+            aside: list[Path] = []
+            try:
+                with self._write() as db:
+                    existed = db.execute("DELETE FROM entries WHERE id = ?", [entry_id]).rowcount > 0
+                    if existed:
+                        self._log_removal(db, entry_id, "deleted")
+                        aside = self._set_aside([entry_id])
+                        kill_point("delete.set_aside")
+            except BaseException:
+                self._put_back(aside)
+                raise
             kill_point("delete.committed")
-            if existed:
-                path = self.tensor_path(entry_id)
-                path.unlink(missing_ok=True)
-                usage_path(path).unlink(missing_ok=True)
+            self._discard(aside)
         return existed
 
     def clear(self) -> int:
@@ -504,8 +539,15 @@ class TrajectoryCache(IndexRepair):
     def evict_to_capacity(self) -> list[str]:
         """Evict lowest-utility unpinned entries until the folder fits the capacity."""
         with self.lock():
-            with self._write() as db:
-                victims = self._choose_victims(db)
+            aside: list[Path] = []
+            try:
+                with self._write() as db:
+                    victims = self._choose_victims(db)
+                    aside = self._set_aside(victims)
+                    kill_point("evict.set_aside")
+            except BaseException:
+                self._put_back(aside)
+                raise
             kill_point("evict.committed")
-            self._unlink_entries(victims)
+            self._discard(aside, evicted=len(victims))
         return victims

@@ -220,6 +220,18 @@ def _hashes_of(path: Path, hashes_json: Any, file_checksum: str | None,
 USAGE_FIELDS = {"hits": int, "steps_saved": float, "last_used": float, "pinned": int}
 
 
+# An entry file renamed inside the transaction that removes its row (delete, eviction): never
+# re-indexed, swept later. Its presence beside a row without a file means the removal was
+# interrupted by a crash before it committed.
+REMOVED_SUFFIX = ".removed"
+
+
+def missing_reason(tensor_path: Path) -> str:
+    """Why a row has no file: its removal was interrupted, or the file was lost."""
+    return "interrupted removal" if tensor_path.with_name(tensor_path.name + REMOVED_SUFFIX).exists() \
+        else "lost"
+
+
 def usage_path(tensor_path: Path) -> Path:
     return tensor_path.with_name(tensor_path.stem + ".usage.json")
 

@@ -29,8 +29,8 @@ from typing import Any
 import numpy as np
 
 from .cache_index import create_index_tables, put_entry, totals
-from .cache_files import (ENTRY_ID_RE, CacheError, EntryDamaged, EntryUnreadable, kill_point,
-                          read_entry, read_usage)
+from .cache_files import (ENTRY_ID_RE, REMOVED_SUFFIX, CacheError, EntryDamaged, EntryUnreadable,
+                          kill_point, missing_reason, read_entry, read_usage)
 
 log = logging.getLogger("carnator")
 
@@ -234,14 +234,14 @@ class IndexRepair:
             if ENTRY_ID_RE.fullmatch(entry_id) and self._index_file(entry_id):
                 added += 1
                 kill_point("reconcile.indexed_one")
-        lost = known - present
+        lost = {e: missing_reason(self.tensor_dir / f"{e}.safetensors") for e in known - present}
         with self._write() as db:
-            for entry_id in lost:
+            for entry_id, reason in lost.items():
                 db.execute("DELETE FROM entries WHERE id = ?", [entry_id])
-                self._log_removal(db, entry_id, "lost")
+                self._log_removal(db, entry_id, reason)
             self._set_meta(db, "rebuild_pending", "0")
             self._set_meta(db, "last_reconcile", repr(time.time()))
-        for entry_id in sorted(lost):
+        for entry_id in sorted(e for e, reason in lost.items() if reason == "lost"):
             self._report(f"cache entry {entry_id} lost its tensor file; removed from the index")
         self._sweep_files(keep=present)
         if added:
@@ -306,7 +306,7 @@ class IndexRepair:
         ``everything`` (Clear all) every entry file, indexed or orphaned."""
         for name in os.listdir(self.tensor_dir):
             stem = name.split(".", 1)[0]
-            temporary = ".tmp-" in name
+            temporary = ".tmp-" in name or name.endswith(REMOVED_SUFFIX)  # set aside by a removal
             orphan_side = name.endswith(".usage.json") and stem not in keep
             entry_file = everything and name.endswith(".safetensors") and ENTRY_ID_RE.fullmatch(stem)
             if temporary or orphan_side or entry_file:

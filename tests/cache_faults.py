@@ -28,7 +28,8 @@ from cache_fault_worker import expected_tensors, read_journals, same  # noqa: E4
 # in this order, point_sweep reaches each one: the orphan a kill after the rename leaves is
 # what the next open re-indexes
 KILL_POINTS = ["store.tmp_written", "store.renamed", "reconcile.indexed_one", "store.committed",
-               "delete.committed", "evict.committed"]
+               "delete.committed", "evict.committed", "delete.set_aside", "evict.set_aside",
+               "store.evict_set_aside"]
 ENTRY_BYTES = 5_000  # about one worker entry on disk
 
 
@@ -43,6 +44,7 @@ class Counts:
     evicted: int = 0               # missing, and the removal log says eviction
     deleted: int = 0               # missing after a worker deleted it
     wrong_served: int = 0          # loads that returned other bytes than stored
+    resurrected: list[str] = field(default_factory=list)    # served after the log said removed
     lost: list[str] = field(default_factory=list)           # promised, gone, no reason
     pinned_evicted: list[str] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)       # folder-level inconsistencies
@@ -51,11 +53,13 @@ class Counts:
         return (f"rounds {self.rounds} · kills {self.kills} (+{self.point_kills} at write points)"
                 f" · worker loads checked {self.loads} · entries checked {self.entries_checked}"
                 f" (present {self.present}, evicted {self.evicted}, deleted {self.deleted}) · "
-                f"lost {len(self.lost)} · pinned evicted {len(self.pinned_evicted)} · "
+                f"lost {len(self.lost)} · resurrected {len(self.resurrected)} · "
+                f"pinned evicted {len(self.pinned_evicted)} · "
                 f"wrong data served = {self.wrong_served}")
 
     def ok(self) -> bool:
-        return not (self.wrong_served or self.lost or self.pinned_evicted or self.problems)
+        return not (self.wrong_served or self.lost or self.pinned_evicted or self.problems
+                    or self.resurrected)
 
 
 def start_worker(folder: Path, journal: Path, tag: str, capacity: int, seed: int,
@@ -163,17 +167,19 @@ def verify(folder: Path, workdir: Path, capacity: int, counts: Counts) -> Counts
     for entry_id, seed in stored.items():
         counts.entries_checked += 1
         got = cache.load_tensors(entry_id)
+        reason = removed.get(entry_id)
         if got is not None:
             counts.present += 1
             if not same(got, expected_tensors(seed)):
                 counts.wrong_served += 1
+            if reason in ("evicted", "deleted"):  # committed as removed, yet served again
+                counts.resurrected.append(f"{entry_id} ({reason})")
             continue
-        reason = removed.get(entry_id)
         if entry_id in pinned and entry_id not in deleted:
             counts.pinned_evicted.append(f"{entry_id} ({reason})")
-        elif reason == "evicted":
+        elif reason == "evicted" or (reason == "interrupted removal" and entry_id not in deleted):
             counts.evicted += 1
-        elif reason == "deleted" and entry_id in deleted:
+        elif reason in ("deleted", "interrupted removal") and entry_id in deleted:
             counts.deleted += 1
         else:
             counts.lost.append(f"{entry_id} ({reason})")
@@ -189,7 +195,7 @@ def _check_folder(cache, counts: Counts) -> None:
     if set(rows) != files:
         counts.problems.append(f"rows without files {sorted(set(rows) - files)[:5]}, "
                                f"files without rows {sorted(files - set(rows))[:5]}")
-    leftovers = [p.name for p in cache.tensor_dir.iterdir() if ".tmp-" in p.name]
+    leftovers = [p.name for p in cache.tensor_dir.iterdir() if ".tmp-" in p.name or p.name.endswith(".removed")]
     leftovers += [p.name for p in cache.folder.glob(".write-test-*")]
     if leftovers:
         counts.problems.append(f"temporary files left: {leftovers[:5]}")

@@ -457,3 +457,60 @@ def test_a_cache_folder_written_before_checksums_still_opens(tmp_path):
     assert cache.lookup(CLASS_KEY, signature_of(5)).candidates[0].entry.id == entry_id
     new = cache.store({"class_key": CLASS_KEY, "exact_key": "new"}, expected_tensors(6), signature_of(6))
     assert rows(folder)[new]["checksum"] and rows(folder)[entry_id]["checksum"] is None
+
+
+# ------------------------------------------------------------------ removals are final
+REMOVER = """
+import sys
+sys.path.insert(0, {repo!r}); sys.path.insert(0, {here!r})
+from carnator_core.cache import TrajectoryCache
+from cache_fault_worker import CLASS_KEY, expected_tensors, signature_of
+folder, op, arg = sys.argv[1], sys.argv[2], sys.argv[3]
+if op == "delete":
+    TrajectoryCache(folder, 10**9).delete(arg)
+elif op == "evict":
+    TrajectoryCache(folder, int(arg)).evict_to_capacity()
+else:  # a store whose own eviction makes room
+    row = {{"class_key": CLASS_KEY, "exact_key": "new", "prompt": "999", "snapshot_steps": "[2]"}}
+    TrajectoryCache(folder, int(arg)).store(row, expected_tensors(999), signature_of(999))
+"""
+
+
+@pytest.mark.parametrize("op,point", [("delete", "delete.set_aside"), ("delete", "delete.committed"),
+                                      ("evict", "evict.set_aside"), ("evict", "evict.committed"),
+                                      ("store", "store.evict_set_aside"), ("store", "store.committed")])
+def test_a_removal_killed_at_any_point_never_comes_back(tmp_path, op, point):
+    """A process is SIGKILLed at each point of a delete and of an eviction. Whatever its
+    removal reached — the file set aside, the row's deletion committed, or both — the next
+    open (its re-index included) never serves a removed entry again, and after an eviction
+    the cache is within its capacity: a removal is final once it started to take effect."""
+    folder = tmp_path / "cache"
+    cache, seeds = fill(folder, 8)
+    target = sorted(seeds)[3]
+    capacity = 4 * cache.stats()["bytes"] // 8 + 100  # room for about four entries
+    arg = target if op == "delete" else str(capacity)
+    code = REMOVER.format(repo=str(REPO), here=str(HERE))
+    proc = subprocess.run([sys.executable, "-c", code, str(folder), op, arg], capture_output=True,
+                          text=True, timeout=120, env={**os.environ, "CARNATOR_TEST_KILL_AT": point})
+    assert proc.returncode == -9, proc.stderr[-2000:]  # killed exactly at the point
+    set_aside = {p.name.split(".")[0] for p in (folder / "tensors").glob("*.removed")}
+    committed = {r["entry_id"] for r in TrajectoryCache(folder, 10**9).removals()}
+    removed = set_aside | committed
+    assert removed, "the kill came before the removal took any effect"
+    if op == "delete":
+        assert removed == {target}
+
+    again = TrajectoryCache(folder, 10**9)
+    again.reindex_tensor_files()  # what the next open's reconcile does after a crash
+    listed = {r["id"] for r in again.list_entries(0, 100)}
+    for entry_id in removed:
+        assert entry_id not in listed and again.load_tensors(entry_id) is None, (point, entry_id)
+        assert all(c.entry.id != entry_id for c in
+                   again.lookup(CLASS_KEY, signature_of(seeds[entry_id]), 8).candidates)
+    assert not list((folder / "tensors").glob("*.removed"))  # swept
+    files = {p.name[:-len(".safetensors")] for p in (folder / "tensors").glob("*.safetensors")}
+    assert files == listed
+    for entry_id in listed & set(seeds):  # what stayed is intact
+        assert same(again.load_tensors(entry_id), expected_tensors(seeds[entry_id]))
+    if op != "delete":
+        assert again.stats()["bytes"] <= capacity
