@@ -28,7 +28,8 @@ import comfy.samplers
 import comfy.utils
 
 from . import experts
-from .keys import CompatibilityClass, digest, sigma_schedule_digest, tensor_digest
+from .keys import CompatibilityClass, digest, sigma_schedule_digest, tensor_digest, weight_digest
+from .joint_order import TEXT_FIRST, OrderProbe, moved_image
 from .region_compute import RegionCompute, token_index
 from .signature import VIDEO_PATCHES
 from .sparse_reuse import AttentionPlan, SparseSettings
@@ -56,16 +57,22 @@ def _digest_patch_value(value: Any) -> Any:
 
 
 def model_fingerprint(model) -> str:
-    """Weights *and* applied patches: a LoRA-patched clone gets another fingerprint."""
+    """Weights *and* applied patches: a LoRA-patched clone gets another fingerprint.
+
+    The weights are hashed as the checkpoint holds them, not as the host happens to: the
+    original where ``backup`` keeps one (merged LoRA, or a release that keeps originals there),
+    wherever it is offloaded to, and in any precision that holds its values exactly
+    (``keys.weight_digest``)."""
     module = model.model
     if module not in _base_digests:
         backup = getattr(model, "backup", {}) or {}
         parts = [type(module).__name__, type(module.diffusion_model).__name__]
         for name, tensor in module.diffusion_model.state_dict().items():
-            # when LoRA weights are currently merged in place, hash the original
-            original = backup.get("diffusion_model." + name)
-            t = original.weight if original is not None else tensor
-            parts.append((name, tensor_digest(t, max_values=64)))
+            t = _original_weight(backup.get("diffusion_model." + name), tensor)
+            if t.is_meta:
+                raise ValueError(f"{name} of {type(module).__name__} is not in memory (meta device) "
+                                 "and no original is kept: load the model before sampling with it")
+            parts.append((name, weight_digest(t, max_values=64)))
         _base_digests[module] = digest(parts)
     patches = [_behaviour_patches(model)]
     injected = _injections(model)
@@ -80,6 +87,19 @@ def model_fingerprint(model) -> str:
             patches.append((key, float(strength_patch), float(strength_model),
                             _digest_patch_value(value)))
     return digest(_base_digests[module], patches)[:32]
+
+
+def _original_weight(kept, held: torch.Tensor) -> torch.Tensor:
+    """The original a ``backup`` entry keeps (ComfyUI 0.3.x: a (weight, inplace_update)
+    tuple), else the weight as held."""
+    if kept is None:
+        return held
+    if isinstance(kept, torch.Tensor):
+        return kept
+    original = getattr(kept, "weight", None)
+    if original is None and isinstance(kept, (tuple, list)) and kept:
+        original = kept[0]
+    return original if isinstance(original, torch.Tensor) else held
 
 
 def _injections(model) -> list:
@@ -304,7 +324,9 @@ class StepRecorder:
     attention: AttentionPlan | None = None  # what self-attention does at each step
     n_context: int = 0                       # text tokens of the current model call
     attention_layer: int = 0                 # self-attention calls seen in this model call
-    joint_text_first: bool = False           # joint attention puts text tokens before image ones
+    joint_order: str | None = None           # joint_order.IMAGE_FIRST / TEXT_FIRST, None: not told
+    order_probe: Any = None                  # joint_order.OrderProbe while the order is observed
+    order_probed: bool = False               # observed once per run (the first block call)
     guide: Any = None                        # guided_finish.GuidedFinish of a reuse's finish
     region: Any = None                       # region_compute.RegionCompute: M's tokens only
     region_calls: int = 0                    # model calls that computed M's tokens only
@@ -348,13 +370,52 @@ def _text_tokens(executor, args, kwargs) -> int:
                if isinstance(bound.get(k), torch.Tensor) and bound[k].ndim == 3)
 
 
-def joint_text_first(block: torch.nn.Module) -> bool:
-    """Does this model's joint attention put the text tokens first? HunyuanVideo's blocks in
-    ComfyUI 0.3.x concatenate image then text when ``flipped_img_txt`` is set; later releases
-    dropped the attribute and always put text first. Sparse attention slices image-first
-    joint calls only, so text-first ones (and any model without the attribute, where the order
-    cannot be told) stay dense rather than masking the wrong tokens."""
-    return not getattr(block, "flipped_img_txt", False)
+# models whose first block made no joint attention call: never probed again
+_without_joint_attention: "weakref.WeakSet[torch.nn.Module]" = weakref.WeakSet()
+
+
+def _install_order_probe(m, recorder: StepRecorder) -> None:
+    """A patch on the first block that, on the run's first call, tells the order of the
+    model's joint attention (image or text tokens first) by running the block once more with
+    its image tokens changed (``joint_order.py``): read from what the block does, not from an
+    attribute a release may drop. Costs that one block once per run of a model with joint
+    attention, once per loaded model without; chains to the patch that was there before."""
+    replace = m.model_options.get("transformer_options", {}).get("patches_replace", {})
+    previous = replace.get("dit", {}).get(("double_block", 0))
+    net = m.get_model_object("diffusion_model")
+
+    def tell_order(args, extra):
+        def run(a):
+            return previous(a, extra) if previous is not None else extra["original_block"](a)
+
+        img, txt = args.get("img"), args.get("txt")
+        plan = recorder.attention
+        if (recorder.order_probed or net in _without_joint_attention
+                or recorder.region is not None or plan is None
+                or not plan.settings.measuring or not all(isinstance(t, torch.Tensor) and t.ndim == 3
+                                                          for t in (img, txt))):
+            return run(args)
+        recorder.order_probed = True
+        probe = OrderProbe(int(img.shape[1]), int(txt.shape[1]))
+        recorder.order_probe = probe
+        try:
+            # the block updates its inputs in place: the extra call gets copies
+            moved = {k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in args.items()}
+            moved["img"] = moved_image(img)
+            run(moved)
+            probe.phase = "sampled"
+            out = run(args)
+            if probe.moved_values is None and not probe.seen_joint:
+                _without_joint_attention.add(net)  # its blocks attend image and text apart
+            return out
+        finally:
+            recorder.order_probe = None
+            recorder.joint_order = probe.order
+            if probe.seen_joint and probe.order is None:
+                log.info("Carnator: the order of %s's joint attention could not be told; "
+                         "its joint calls run dense", backbone_name(m))
+
+    m.set_model_patch_replace(tell_order, "dit", "double_block", 0)
 
 
 # callbacks of other nodes that keep re-installing their own attention override on top of
@@ -423,7 +484,6 @@ def patched_for_recording(model, recorder: StepRecorder, expert: str | None = No
     if blocks is None:
         log.info("Carnator: no known block list on %s; signature uses x̂0 only", backbone_name(m))
         return m
-    recorder.joint_text_first = joint_text_first(blocks[0])
     index = len(blocks) // 2
     replace = m.model_options.get("transformer_options", {}).get("patches_replace", {})
     previous = replace.get("dit", {}).get(("double_block", index))
@@ -440,6 +500,7 @@ def patched_for_recording(model, recorder: StepRecorder, expert: str | None = No
         return out
 
     m.set_model_patch_replace(record_block, "dit", "double_block", index)
+    _install_order_probe(m, recorder)
     return m
 
 
@@ -521,6 +582,16 @@ def install_attention_override(m, recorder: StepRecorder) -> None:
                 args = (q, k, v) + tuple(args[3:])
                 return previous(func, *args, **kwargs) if previous is not None else func(*args, **kwargs)
 
+        probe = recorder.order_probe
+        if probe is not None and len(args) >= 3:
+            split = kwargs.get("skip_reshape", False)
+            seq = 2 if split else 1
+            if probe.is_joint(args[0].shape[seq], args[1].shape[seq]):
+                probe.observe(args[2], seq)
+                recorder.joint_order = probe.order
+            if probe.phase == "moved":
+                return dense()  # the extra call that tells the order: counted nowhere
+
         plan = recorder.attention
         heads = args[3] if len(args) > 3 else kwargs.get("heads")  # Wan passes heads= by name
         if (plan is None or len(args) < 3 or heads is None or kwargs.get("mask") is not None
@@ -529,7 +600,9 @@ def install_attention_override(m, recorder: StepRecorder) -> None:
         q, k, v = args[:3]
         split = kwargs.get("skip_reshape", False)
         q_len, k_len = (q.shape[2], k.shape[2]) if split else (q.shape[1], k.shape[1])
-        kind = plan.classify(q_len, k_len, recorder.n_context, recorder.joint_text_first)
+        order = recorder.joint_order
+        kind = plan.classify(q_len, k_len, recorder.n_context,
+                             None if order is None else order == TEXT_FIRST)
         if kind is None:
             return dense()
         layer = recorder.attention_layer

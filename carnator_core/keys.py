@@ -35,12 +35,40 @@ def tensor_digest(t: torch.Tensor, max_values: int = 0) -> str:
     return h.hexdigest()
 
 
-def _value_bytes(t: torch.Tensor, max_values: int) -> bytes:
+def weight_digest(t: torch.Tensor, max_values: int = 0) -> str:
+    """A model weight's digest, whatever precision the host holds it in.
+
+    Floating values are hashed as float32, which holds every 16- and 8-bit format exactly: a
+    bf16 checkpoint held as bf16 on a GPU and as float32 on a CPU (or cast by another load
+    mode) hashes the same, and float32 weights the same as ``tensor_digest`` always hashed
+    them. Another precision on disk holds other values (rounded otherwise), so it differs.
+    """
+    t = t.detach()
+    try:
+        sample = _sample(t, max_values)
+    except (TypeError, RuntimeError, NotImplementedError):
+        dequantize = getattr(t, "dequantize", None)  # a quantized tensor subclass
+        if dequantize is None:
+            raise
+        sample = _sample(dequantize(), max_values)
+    if sample.is_floating_point() and sample.element_size() <= 4:
+        sample = sample.float()
+    h = hashlib.sha256(f"{sample.dtype}|{tuple(t.shape)}".encode())
+    h.update(sample.view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
+def _sample(t: torch.Tensor, max_values: int) -> torch.Tensor:
+    """An evenly strided sample of the values, on the CPU."""
     flat = t.reshape(-1)
     if max_values and flat.numel() > max_values:
         step = flat.numel() // max_values
         flat = flat[::step][:max_values]
-    flat = flat.to("cpu", copy=True).contiguous()
+    return flat.to("cpu", copy=True).contiguous()
+
+
+def _value_bytes(t: torch.Tensor, max_values: int) -> bytes:
+    flat = _sample(t, max_values)
     # the raw bytes, as numpy gives them for its own dtypes; float8 and bfloat16 have no numpy
     # type (an fp8 checkpoint's weights would otherwise fail the fingerprint)
     return flat.view(torch.uint8).numpy().tobytes()

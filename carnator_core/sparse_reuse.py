@@ -174,16 +174,17 @@ class AttentionPlan:
     _dense_blocks: dict = field(default_factory=dict)  # region M's query blocks, per layout
 
     def classify(self, q_len: int, k_len: int, n_context: int,
-                 text_first: bool = False) -> tuple[int, int] | None:
+                 text_first: bool | None = False) -> tuple[int, int] | None:
         """(image tokens, text tokens after them) for self/joint attention, else None.
 
         ``text_first``: the model's joint attention puts the text tokens before the image
-        tokens (newer HunyuanVideo); such calls are not sliced here and stay dense."""
+        tokens (as the adapter observed it); None: the order is not known. Either way joint
+        calls are not sliced here and stay dense, rather than masking the wrong tokens."""
         if q_len != k_len or q_len == n_context:
             return None  # cross-attention, or text-only attention (HunyuanVideo's refiner)
         if token_grid(q_len, self.latent_thw, self.patches) is not None:
             return q_len, 0
-        if (n_context and not text_first
+        if (n_context and text_first is False
                 and token_grid(q_len - n_context, self.latent_thw, self.patches) is not None):
             return q_len - n_context, n_context  # joint attention: image then text tokens
         return None

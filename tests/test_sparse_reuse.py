@@ -3,6 +3,8 @@
 The probe measures block connectivity through ``optimized_attention_override``; a hit runs
 its remaining steps block-sparse with the candidate's stored mask. Counted, not timed.
 """
+from contextlib import contextmanager
+
 import pytest
 import torch
 from conftest import BACKBONES, Requests
@@ -125,11 +127,12 @@ def test_only_video_self_attention_is_classified_for_sparse_reuse():
     assert plan.classify(1280, 32, n_context=32) is None        # cross-attention
     assert plan.classify(1280, 1280, n_context=32) == (1280, 0)  # Wan / LTX self-attention
     assert plan.classify(1312, 1312, n_context=32) == (1280, 32)  # HunyuanVideo joint
+    assert plan.classify(1312, 1312, n_context=32, text_first=None) is None  # order not told
 
 
 def test_text_first_joint_attention_stays_dense(tiny_models, tmp_path):
-    """Newer ComfyUI releases put HunyuanVideo's text tokens before the image tokens; the
-    image-first slicing must not be applied to them (it would mask the wrong tokens)."""
+    """A block that puts the text tokens first (ComfyUI's own text-then-image branch) is
+    observed as such: the image-first slicing is not applied (it would mask the wrong tokens)."""
     hunyuan = tiny_models["hunyuan_video"]
     blocks = hunyuan.get_model_object("diffusion_model").double_blocks
     saved = [b.flipped_img_txt for b in blocks]
@@ -144,17 +147,63 @@ def test_text_first_joint_attention_stays_dense(tiny_models, tmp_path):
             b.flipped_img_txt = flipped
 
 
-def test_joint_token_order_read_from_the_block(tiny_models):
-    """ComfyUI 0.3.x's HunyuanVideo block says image-first with ``flipped_img_txt``; newer
-    releases dropped the attribute and put text first: a block without it is text-first."""
-    from carnator_core.comfy_adapter import joint_text_first
-    block = tiny_models["hunyuan_video"].get_model_object("diffusion_model").double_blocks[0]
-    saved = block.flipped_img_txt
+@contextmanager
+def order_attribute_hidden(model):
+    """HunyuanVideo's blocks as Carnator sees them on a release without ``flipped_img_txt``:
+    nothing to read. ComfyUI 0.3.75's own forward still needs it, so each block answers it
+    only from inside its own forward (still image-first, as ComfyUI builds HunyuanVideo)."""
+    blocks = list(model.get_model_object("diffusion_model").double_blocks)
+    saved = [(type(b), b.flipped_img_txt) for b in blocks]
+    for b, (cls, flipped) in zip(blocks, saved):
+        del b.flipped_img_txt
+        b.__class__ = _hidden_order_class(cls, flipped)
     try:
-        assert saved is True and joint_text_first(block) is False
-        block.flipped_img_txt = False
-        assert joint_text_first(block) is True
-        del block.flipped_img_txt  # how newer ComfyUI builds it
-        assert joint_text_first(block) is True
+        yield blocks
     finally:
-        block.flipped_img_txt = saved
+        for b, (cls, flipped) in zip(blocks, saved):
+            b.__class__ = cls
+            b.flipped_img_txt = flipped
+
+
+def _hidden_order_class(cls, flipped):
+    class OrderHidden(cls):
+        def forward(self, *args, **kwargs):
+            self.__dict__["_inside"] = self.__dict__.get("_inside", 0) + 1
+            try:
+                return super().forward(*args, **kwargs)
+            finally:
+                self.__dict__["_inside"] -= 1
+
+        @property
+        def flipped_img_txt(self):
+            if self.__dict__.get("_inside"):
+                return flipped
+            raise AttributeError("flipped_img_txt")
+
+    return OrderHidden
+
+
+@pytest.mark.parametrize("backbone", ["hunyuan_video", "hunyuan_video15"])
+def test_hunyuan_hit_runs_sparse_with_the_order_observed_not_read(backbone, tiny_models, tmp_path):
+    """The joint token order is told from what the block does: with ``flipped_img_txt``
+    gone (as newer ComfyUI builds the blocks) a HunyuanVideo hit still runs block-sparse."""
+    model = tiny_models[backbone]
+    with order_attribute_hidden(model) as blocks:
+        assert not hasattr(blocks[0], "flipped_img_txt")
+        reset_sparse_call_counts()
+        _, s = sparse_hit(model, backbone, tmp_path, keep_mass=0.5, min_density=0.1)
+    remaining = s.steps_total - s.reuse_step
+    assert s.sparse_calls > 0 and s.sparse_calls % remaining == 0
+    assert sum(sparse_call_counts().values()) == s.sparse_calls  # the kernel itself ran
+    assert s.sparse_density < 1.0
+
+
+def test_joint_order_is_read_from_which_value_rows_move():
+    from carnator_core.joint_order import IMAGE_FIRST, TEXT_FIRST, order_from_values
+    img, txt = torch.randn(1, 2, 6, 4), torch.randn(1, 2, 3, 4)
+    moved = -img.flip(2)
+    assert order_from_values(torch.cat([img, txt], 2), torch.cat([moved, txt], 2), 2, 6, 3) == IMAGE_FIRST
+    assert order_from_values(torch.cat([txt, img], 2), torch.cat([txt, moved], 2), 2, 6, 3) == TEXT_FIRST
+    # rows that moved on both sides, or nowhere: not told, so nobody slices the call
+    assert order_from_values(torch.cat([img, txt], 2), torch.cat([moved, -txt], 2), 2, 6, 3) is None
+    assert order_from_values(torch.cat([img, txt], 2), torch.cat([img, txt], 2), 2, 6, 3) is None
