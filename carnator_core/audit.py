@@ -63,6 +63,7 @@ def calibration_id(model: RiskModel) -> str:
         return "prior" if same_probe(model.probe_fraction, DEFAULT_PROBE_FRACTION) \
             else f"prior@probe{model.probe_fraction:g}"
     fields = asdict(model)
+    del fields["rejected"]  # set on priors only; never part of a calibration
     # fields added since at their old meaning leave the digest calibrations had before them,
     # so the levels their audits tightened hold
     if same_probe(fields["probe_fraction"], DEFAULT_PROBE_FRACTION):

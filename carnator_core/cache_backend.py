@@ -13,7 +13,10 @@ or cut short, after damage was met, and every RECONCILE_EVERY_S — not per requ
 """
 from __future__ import annotations
 
+import json
+import logging
 import os
+import re
 import threading
 import time
 from pathlib import Path
@@ -23,6 +26,10 @@ from .cache_index import checked, file_identity
 from .cache_repair import RECONCILE_EVERY_S
 
 URL_ENV = "CARNATOR_CACHE_URL"  # an operator points every worker of a farm at one database
+# ...and may let workflows choose among a few more, by name: {"staging": "postgresql://…"}
+DATABASES_ENV = "CARNATOR_CACHE_DATABASES"
+DATABASE_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
+log = logging.getLogger("carnator")
 _opened: dict[str, object] = {}
 _lock = threading.Lock()
 
@@ -31,12 +38,43 @@ def is_database_url(location: str | None) -> bool:
     return bool(location) and str(location).strip().lower().startswith(("postgresql://", "postgres://"))
 
 
-def configured_location(location: str | None) -> str | None:
-    """The node's URL, else the operator's environment variable, else None (a folder)."""
-    if is_database_url(location):
-        return str(location).strip()
-    env = os.environ.get(URL_ENV, "").strip()
-    return env or None
+def operator_databases() -> dict[str, str]:
+    """The databases a workflow may name: the operator's CARNATOR_CACHE_DATABASES (a JSON
+    object of name → postgresql:// URL). A malformed list allows none (and is logged)."""
+    raw = os.environ.get(DATABASES_ENV, "").strip()
+    if not raw:
+        return {}
+    try:
+        named = json.loads(raw)
+        if not (isinstance(named, dict) and all(
+                isinstance(k, str) and DATABASE_NAME.fullmatch(k) and isinstance(v, str)
+                and is_database_url(v) for k, v in named.items())):
+            raise ValueError("not an object of name → postgresql:// URL")
+    except ValueError as e:
+        log.warning("Carnator: %s is unusable (%s); workflows may name no database", DATABASES_ENV, e)
+        return {}
+    return {k: v.strip() for k, v in named.items()}
+
+
+def database_location(name: str | None) -> str | None:
+    """Where a request's cache lives when its workflow names ``name``: the operator's
+    database of that name, the operator's CARNATOR_CACHE_URL when it names none, else None
+    (a folder). Where a worker connects — and so where its credentials (~/.pgpass, a
+    service file, client certificates) go — is the operator's decision: a workflow that
+    gives an address or connection parameters is refused (ValueError), never connected."""
+    name = (name or "").strip()
+    if not name:
+        return os.environ.get(URL_ENV, "").strip() or None
+    allowed = operator_databases()
+    if name in allowed:
+        return allowed[name]
+    choices = (f"names this worker allows: {', '.join(sorted(allowed))}" if allowed else
+               f"this worker allows none (its operator lists them in {DATABASES_ENV})")
+    if not DATABASE_NAME.fullmatch(name):
+        raise ValueError(f"database must be a name the operator set up, not an address or "
+                         f"connection parameters (a workflow cannot choose where a worker "
+                         f"connects); {choices}; leave it empty for the worker's default")
+    raise ValueError(f"database {name!r} is not one this worker was set up for; {choices}")
 
 
 def open_cache(location: str, capacity_bytes: int | None):

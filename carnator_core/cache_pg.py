@@ -17,6 +17,12 @@ Same interface and promises as the SQLite cache (cache.py), settled by the datab
   totals row is locked, so writers never race on a block.
 - Losing the server is a ``CacheError`` (the request runs as a miss with the message); the
   next operation reconnects by itself.
+- Every transaction has a deadline (``deadline_s``, ``CARNATOR_DB_DEADLINE_S``): the server
+  enforces it as a statement and lock timeout, and a watchdog on this side shuts the socket
+  when it passes — a frozen server (SIGSTOP, a hung host) still ACKs TCP, so neither
+  statement nor keepalive timeouts fire. After a call that ran out of time, calls fail at
+  once for ``RETRY_AFTER_S`` instead of each waiting out its deadline again, and a request
+  waits at most the deadline for the connection another request holds.
 
 psycopg (3) is needed only here: ``pip install "psycopg[binary]"`` on farm workers.
 """
@@ -46,6 +52,9 @@ from .cache_pg_schema import (COLUMNS, SCHEMA, UTILITY_ORDER, PgDescriptorSource
 log = logging.getLogger("carnator")
 CONNECT_TIMEOUT_S = 5
 PING_AFTER_S = 1.0  # a connection idle longer is checked before use (requests take seconds)
+DEADLINE_ENV = "CARNATOR_DB_DEADLINE_S"
+DEFAULT_DEADLINE_S = 10.0  # storing a real-size entry (tens of MB) on a LAN takes ~1 s
+RETRY_AFTER_S = 15.0  # after a timed-out call: fail fast this long, then try again
 EVICT_BATCH = 256
 
 _shared: dict[str, "PgState"] = {}
@@ -62,6 +71,8 @@ class PgState:
         self.last_used = 0.0
         self.folder = _local_folder()
         self.blob_bytes_read = 0  # tensor bytes fetched (tests: range reads engage)
+        self.deadline_s = deadline_s()
+        self.timed_out_at: float | None = None  # when a call last ran out of time
 
 
 def open_database(url: str, capacity_bytes: int | None) -> "PostgresCache":
@@ -98,21 +109,48 @@ class PostgresCache:
     # ---------------------------------------------------------------- connection
     @contextmanager
     def _tx(self) -> Iterator[Any]:
-        """One transaction on the shared connection; a lost server becomes CacheError."""
+        """One transaction on the shared connection, within the deadline; a lost or silent
+        server becomes CacheError (the request runs as a miss and says why)."""
         import psycopg
-        with self.state.lock:
-            try:
-                conn = self._connection()
-                with conn.transaction(), conn.cursor() as cur:
-                    yield cur
-            except psycopg.OperationalError as e:
+        st = self.state
+        self._fail_fast_after_timeout()
+        if not st.lock.acquire(timeout=st.deadline_s):
+            raise CacheError(f"PostgreSQL cache {self.url} is busy: another request has held its "
+                             f"connection for over {st.deadline_s:g} s; this request runs without reuse")
+        watchdog = _Watchdog(st)
+        try:
+            self._fail_fast_after_timeout()  # again: the holder may have just timed out
+            conn = self._connection()
+            watchdog.arm(conn)
+            with conn.transaction(), conn.cursor() as cur:
+                yield cur
+        except psycopg.OperationalError as e:
+            self._drop_connection()
+            late = watchdog.fired or isinstance(e, (psycopg.errors.QueryCanceled,
+                                                    psycopg.errors.LockNotAvailable,
+                                                    psycopg.errors.ConnectionTimeout))
+            if late:
+                st.timed_out_at = time.monotonic()
+            why = f"no answer within {st.deadline_s:g} s" if late else _first_line(e)
+            raise CacheError(f"PostgreSQL cache {self.url} is unreachable ({why}); "
+                             "the request runs without reuse and reconnects by itself") from e
+        except psycopg.Error as e:
+            if st.conn is not None and st.conn.broken:
                 self._drop_connection()
-                raise CacheError(f"PostgreSQL cache {self.url} is unreachable ({_first_line(e)}); "
-                                 "the request runs without reuse and reconnects by itself") from e
-            except psycopg.Error as e:
-                if self.state.conn is not None and self.state.conn.broken:
-                    self._drop_connection()
-                raise CacheError(f"PostgreSQL cache {self.url}: {_first_line(e)}") from e
+            raise CacheError(f"PostgreSQL cache {self.url}: {_first_line(e)}") from e
+        else:
+            st.timed_out_at = None
+        finally:
+            watchdog.disarm()
+            st.lock.release()
+
+    def _fail_fast_after_timeout(self) -> None:
+        """Shortly after a call ran out of time, answer at once instead of waiting again."""
+        at = self.state.timed_out_at
+        if at is not None and time.monotonic() - at < RETRY_AFTER_S:
+            raise CacheError(f"PostgreSQL cache {self.url} is unreachable (no answer within "
+                             f"{self.state.deadline_s:g} s, {time.monotonic() - at:.0f} s ago); "
+                             "the request runs without reuse and retries later by itself")
 
     def _connection(self):
         import psycopg
@@ -121,14 +159,14 @@ class PostgresCache:
         st.last_used = time.monotonic()
         if st.conn is not None and not (st.conn.closed or st.conn.broken) and idle > PING_AFTER_S:
             try:  # a server restarted since the last request leaves a dead connection behind
-                st.conn.execute("SELECT 1")
+                with _Watchdog(st).armed(st.conn):
+                    st.conn.execute("SELECT 1")
             except psycopg.OperationalError:
                 self._drop_connection()
         if st.conn is None or st.conn.closed or st.conn.broken:
-            st.conn = psycopg.connect(st.url, connect_timeout=CONNECT_TIMEOUT_S, autocommit=True,
-                                      application_name="carnator")
+            st.conn = psycopg.connect(**connection_settings(st.url, st.deadline_s))
             if not st.schema_ready:
-                with st.conn.transaction(), st.conn.cursor() as cur:
+                with _Watchdog(st).armed(st.conn), st.conn.transaction(), st.conn.cursor() as cur:
                     cur.execute("SELECT pg_advisory_xact_lock(74218)")  # one creator at a time
                     for sql in SCHEMA:
                         cur.execute(sql)
@@ -398,6 +436,8 @@ class PostgresCache:
             existed = cur.rowcount > 0
             if existed:
                 self._log_removal(cur, entry_id, "deleted")
+            kill_point("pg.delete.deleted")  # tests: row, blob and log go in one commit or none
+        kill_point("pg.delete.committed")
         return existed
 
     def clear(self) -> int:
@@ -412,7 +452,10 @@ class PostgresCache:
     def evict_to_capacity(self) -> list[str]:
         with self._tx() as cur:
             cur.execute("SELECT 1 FROM carnator_totals WHERE k = 0 FOR UPDATE")
-            return self._choose_victims(cur) or []
+            victims = self._choose_victims(cur) or []
+            kill_point("pg.evict.deleted")
+        kill_point("pg.evict.committed")
+        return victims
 
 
 class _BlobFile:
@@ -433,6 +476,76 @@ class _BlobFile:
         self.pos += len(data)
         self.state.blob_bytes_read += len(data)
         return data
+
+
+def deadline_s() -> float:
+    """The operator's deadline for one database call (CARNATOR_DB_DEADLINE_S), else 10 s."""
+    try:
+        value = float(os.environ.get(DEADLINE_ENV, "") or DEFAULT_DEADLINE_S)
+    except ValueError:
+        value = DEFAULT_DEADLINE_S
+    return value if 0.1 <= value <= 3600 else DEFAULT_DEADLINE_S
+
+
+def connection_settings(url: str, deadline: float) -> dict[str, Any]:
+    """psycopg.connect's arguments: the operator's URL with timeouts on every layer —
+    connect, TCP keepalive and user timeout (a host that vanished), and the server's own
+    statement and lock timeouts (a live server that is slow); the operator's own ``options``
+    are kept."""
+    from psycopg.conninfo import conninfo_to_dict
+    params = conninfo_to_dict(url)
+    ms = int(deadline * 1000)
+    own = f"-c statement_timeout={ms} -c lock_timeout={ms} -c idle_in_transaction_session_timeout={4 * ms}"
+    params["options"] = f"{params['options']} {own}" if params.get("options") else own
+    params.setdefault("connect_timeout", max(1, min(CONNECT_TIMEOUT_S, int(deadline + 0.999))))
+    params.setdefault("keepalives", 1)
+    params.setdefault("keepalives_idle", max(1, int(deadline)))
+    params.setdefault("keepalives_interval", 2)
+    params.setdefault("keepalives_count", 3)
+    params.setdefault("tcp_user_timeout", ms)
+    return {**params, "autocommit": True, "application_name": "carnator"}
+
+
+class _Watchdog:
+    """Shuts a connection's socket when a call outlives the deadline. A stopped server's
+    kernel still acknowledges packets, so only this side can decide it has waited enough;
+    shutting the socket (not closing the descriptor, which psycopg still owns) makes the
+    blocked call return with an OperationalError at once."""
+
+    def __init__(self, state: PgState):
+        self.state, self.timer, self.fired = state, None, False
+
+    def arm(self, conn) -> None:
+        self.timer = threading.Timer(self.state.deadline_s, self._fire, [conn])
+        self.timer.daemon = True
+        self.timer.start()
+
+    def disarm(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+
+    @contextmanager
+    def armed(self, conn) -> Iterator[None]:
+        self.arm(conn)
+        try:
+            yield
+        finally:
+            self.disarm()
+
+    def _fire(self, conn) -> None:
+        import socket
+        self.fired = True
+        try:
+            fd = os.dup(conn.fileno())
+        except Exception:  # noqa: BLE001 - already closed: nothing left to wait on
+            return
+        with socket.socket(fileno=fd) as sock:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+        log.warning("Carnator: PostgreSQL cache %s gave no answer within %g s; connection dropped",
+                    redact(self.state.url), self.state.deadline_s)
 
 
 def _local_folder() -> Path:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from . import audit
 from .gate import (CALIBRATION_NAME, DEFAULT_PROBE_FRACTION, RiskModel, calibrated_probes,
-                   calibrated_steps, calibration_in_use, risk_model_for, same_probe)
+                   calibrated_steps, calibration_in_use, gate_model_for, same_probe)
 
 
 def model_status(cache_folder: str | Path, fingerprint: str, model: RiskModel | None = None,
@@ -16,13 +16,10 @@ def model_status(cache_folder: str | Path, fingerprint: str, model: RiskModel | 
     the request's N, where a calibration measured at that N is the one in use)."""
     folder = Path(cache_folder)
     where = "cache" if calibration_in_use(folder, fingerprint, probe_fraction, steps).is_file() else None
-    problem = None
     if model is None:
-        try:
-            model = risk_model_for(folder, fingerprint, probe_fraction, steps)
-        except ValueError as e:
-            model, problem = RiskModel(probe_fraction=probe_fraction), str(e)
-    out = {"fingerprint": fingerprint, "calibrated": bool(model.calibrated and where),
+        model = gate_model_for(folder, fingerprint, probe_fraction, steps)
+    problem = model.rejected  # the file is there but unusable: the prior stands in, and says why
+    out = {"fingerprint": fingerprint, "calibrated": bool(model.calibrated and where and not problem),
            "where": where, "source": model.source, "measured_reuses": model.measured_reuses,
            "tolerance": model.tolerance, "confidence": model.confidence,
            "certified_budgets": sorted({float(a) for t in model.thresholds.values() for a in t}),
@@ -59,7 +56,7 @@ def status_line(status: dict, alpha: float | None = None, steps: int | None = No
     """One line for a node summary (``steps``: the request's, to say when the calibration was
     measured at another number of steps)."""
     if status["problem"]:
-        return f"gate: calibration file unusable ({status['problem']})"
+        return f"gate: uncalibrated prior, α is not a promise — {status['problem']}"
     if not status["calibrated"]:
         others = status.get("other_probes") or []
         if others:

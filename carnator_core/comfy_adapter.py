@@ -922,9 +922,10 @@ def start_request(model, positive, negative, latent: dict, seed: int, steps: int
     when 0, at the first step below ``switch_sigma``)."""
     from .pipeline import open_cache, probe  # local: pipeline imports nothing of ComfyUI
     cache_config = cache_config or {}
-    from .cache_backend import configured_location
-    # a postgresql:// URL (the node's, else CARNATOR_CACHE_URL) wins over the folder
-    location = (configured_location(cache_config.get("url"))
+    from .cache_backend import database_location
+    # the operator's database (the one the node names from the operator's list, else
+    # CARNATOR_CACHE_URL) wins over the folder; a workflow never gives an address
+    location = (database_location(cache_config.get("database"))
                 or cache_config.get("folder") or default_cache_folder())
     capacity = int(cache_config.get("capacity_bytes") or 8 * 1024**3)
     run = ComfyRun(model, positive, negative, latent, seed, steps, cfg, sampler_name, scheduler,

@@ -13,15 +13,19 @@ weights fitted on measured deviations for a given model fingerprint.
 from __future__ import annotations
 
 import json
+import logging
 import math
 import re
-from dataclasses import dataclass, field, asdict
+from dataclasses import dataclass, field, asdict, fields as dataclass_fields
 from pathlib import Path
 
 import torch
 
 from .region_compute import FILL_SEGMENT_STEPS
+from .risk_model_check import FORMAT_VERSION, CalibrationRejected, check_calibration
 from .signature import EarlySignature, tile_deviation, widen_tiles
+
+log = logging.getLogger("carnator")
 
 FEATURES = ("outside_mean", "outside_max", "region_fraction", "depth_fraction", "similarity_gap")
 
@@ -207,6 +211,9 @@ class RiskModel:
     # The steps N the reuses were measured with (0: not recorded). Depths transfer to another
     # N by their share of it; so does the span a region finish may cover (finish_allows).
     measured_steps: int = 0
+    # Set on the prior that stands in for a calibration file found unusable: why (the file
+    # and the field). Never saved; the status shows it wherever "calibrated" is shown.
+    rejected: str | None = None
 
     def scaled(self, features: dict[str, float]) -> dict[str, float]:
         """The evidence as the weights see it (depth_fraction passes through)."""
@@ -261,25 +268,24 @@ class RiskModel:
         return self.class_finishes(evidence_class(features)) if guided else [0]
 
     def save(self, path: str | Path) -> None:
-        Path(path).write_text(json.dumps(asdict(self), indent=2))
+        fields = {k: v for k, v in asdict(self).items() if k != "rejected"}
+        Path(path).write_text(json.dumps({"format_version": FORMAT_VERSION, **fields}, indent=2))
 
     @classmethod
     def load(cls, path: str | Path) -> "RiskModel":
+        """A calibration file, every field checked (risk_model_check): ValueError (a
+        CalibrationRejected for a wrong field) naming the file and what is wrong."""
         try:
-            data = json.loads(Path(path).read_text())
-            unknown = (set(data["weights"]) ^ set(FEATURES)) | (set(data.get("depth_weights", {}))
-                                                                 - set(EVIDENCE))
-        except (ValueError, KeyError, TypeError, AttributeError) as e:
+            data = json.loads(Path(path).read_text())  # NaN/Infinity parse: the check names their field
+        except (ValueError, UnicodeDecodeError) as e:
             raise ValueError(f"risk model {path} is unreadable ({e!r}); re-run calibration "
                              "or delete the file to use the uncalibrated prior") from e
-        if unknown:
-            raise ValueError(f"risk model {path} has features {sorted(unknown)} this version "
-                             "does not know; re-run calibration")
-        try:
-            return cls(**data)
-        except TypeError as e:
-            raise ValueError(f"risk model {path} has fields this version does not know ({e}); "
-                             "re-run calibration") from e
+        data = check_calibration(data, path, FEATURES, EVIDENCE, EVIDENCE_CLASSES)
+        known = {f.name for f in dataclass_fields(cls)} - {"rejected"}
+        if set(data) - known:
+            raise CalibrationRejected(f"calibration file {path}: fields {sorted(set(data) - known)} "
+                                      "are unknown to this version; re-run calibration")
+        return cls(**data)
 
     @classmethod
     def fit(cls, rows: list[dict[str, float]], labels: list[int], region_threshold: float,
@@ -382,6 +388,19 @@ def risk_model_for(cache_folder: str | Path, model_fingerprint: str,
         raise ValueError(f"risk model {path} was measured at {model.measured_steps} steps, not "
                          f"{steps}: its name and content disagree; re-run calibration or delete the file")
     return model
+
+
+def gate_model_for(cache_folder: str | Path, model_fingerprint: str,
+                   probe_fraction: float = DEFAULT_PROBE_FRACTION, steps: int = 0) -> RiskModel:
+    """What the gate uses: ``risk_model_for``, or — when that file is unusable (damaged,
+    a field of the wrong type or range, name and content disagreeing, unreadable) — the
+    uncalibrated prior carrying why in ``rejected``. A calibration file is input: it may
+    make the gate fall back, never fail a request."""
+    try:
+        return risk_model_for(cache_folder, model_fingerprint, probe_fraction, steps)
+    except (ValueError, OSError) as e:
+        log.warning("Carnator: %s", e)
+        return RiskModel(probe_fraction=float(probe_fraction), rejected=str(e))
 
 
 def calibration_in_use(cache_folder: str | Path, model_fingerprint: str,

@@ -24,7 +24,7 @@ from .cache_backend import open_cache as open_location
 from .entry_precision import from_entry, latent_keys, loaded_latent, stored_latent, to_entry
 from .cache_index import served_class
 from .gate import (DEFAULT_PROBE_FRACTION, SAME_SCENE_GAP, GateSettings, Plan, RiskModel, decide,
-                   evidence_class, fill_steps, hit_saving, risk_model_for)
+                   evidence_class, fill_steps, gate_model_for, hit_saving)
 from .keys import CompatibilityClass, shape_str
 from .sparse_reuse import CONNECTIVITY_KEYS, Connectivity, SparseSettings
 from .calibration_status import model_status, status_line
@@ -380,6 +380,8 @@ def gate(pr: ProbeResult, found: LookupResult, risk_model: RiskModel,
         plan = recurring_scene(pr, plan, model, settings) or plan
     if note:
         plan.reason = f"{plan.reason} · {note}"
+    if risk_model.rejected:
+        plan.reason = f"{plan.reason} · gate on the uncalibrated prior: {risk_model.rejected}"
     return plan, verdicts
 
 
@@ -463,20 +465,14 @@ def lookup_and_gate(pr: ProbeResult) -> tuple[Plan, LookupResult]:
     found = lookup(pr)
     if pr.cache is None:
         return Plan(False, reason=pr.cache_message or "cache unavailable"), found
-    model, problem = calibrated_risk_model(pr)
-    if problem and pr.exact_latent is None:
-        return Plan(False, reason=problem), found
-    return gate(pr, found, model)[0], found
+    return gate(pr, found, calibrated_risk_model(pr))[0], found
 
 
-def calibrated_risk_model(pr: ProbeResult) -> tuple[RiskModel | None, str | None]:
-    """This model's risk model, or None and why: a damaged calibration file must not fail
-    the request (it runs as a miss, or as the exact repeat it is)."""
-    try:
-        return risk_model_for(pr.cache.folder, pr.klass.model_fingerprint,
-                              pr.settings.probe_fraction, pr.run.steps), None
-    except (ValueError, OSError) as e:
-        return None, f"{e}; the request ran as a miss"
+def calibrated_risk_model(pr: ProbeResult) -> RiskModel:
+    """This model's risk model; an unusable calibration file gives the uncalibrated prior
+    with why (``rejected``, shown in the summary): it must never fail the request."""
+    return gate_model_for(pr.cache.folder, pr.klass.model_fingerprint,
+                          pr.settings.probe_fraction, pr.run.steps)
 
 
 def _start_from_candidate(pr: ProbeResult, plan: Plan) -> Fill | None:

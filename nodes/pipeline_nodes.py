@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from comfy_api.latest import io
 
 from ..carnator_core import pipeline
-from ..carnator_core.cache_backend import configured_location
+from ..carnator_core.cache_backend import database_location
 from ..carnator_core.cache import LookupResult
 from ..carnator_core.comfy_adapter import frames_decoder, notify, prompt_text_of, start_request
 from ..carnator_core.experts import WAN22_SWITCH_SIGMA
@@ -76,7 +76,7 @@ class CarnatorCacheLookup(io.ComfyNode):
     @classmethod
     def execute(cls, probe, top_k, cache=None) -> io.NodeOutput:
         if cache is not None:
-            location = configured_location(cache.get("url")) or cache["folder"]
+            location = database_location(cache.get("database")) or cache["folder"]
             probe.cache, probe.cache_message = pipeline.open_cache(location, cache["capacity_bytes"])
         notify("phase", {"phase": "lookup"}, node_id_of(cls))
         return io.NodeOutput(CandidatesBundle(probe, pipeline.lookup(probe, top_k)))
@@ -101,12 +101,12 @@ class CarnatorCompatibilityGate(io.ComfyNode):
                 recurring_sources=None) -> io.NodeOutput:
         pr = candidates.probe
         notify("phase", {"phase": "gate"}, node_id_of(cls))
-        model, problem = pipeline.calibrated_risk_model(pr) if pr.cache else (None, None)
         settings = gate_settings(risk_budget, min_depth, max_depth, max_region, guided_finish, min_saving,
                                  recurring_sources)
-        usable = model is not None or (pr.cache is not None and pr.exact_latent is not None)
-        plan, verdicts = pipeline.gate(pr, candidates.found, model, settings) if usable else (
-            GatePlan(False, reason=problem or pr.cache_message or "cache unavailable"), [])
+        # an unusable calibration file gives the prior (which says why), never a failure
+        plan, verdicts = pipeline.gate(pr, candidates.found, pipeline.calibrated_risk_model(pr),
+                                       settings) if pr.cache is not None else (
+            GatePlan(False, reason=pr.cache_message or "cache unavailable"), [])
         text = (f"accept entry {plan.entry_id[:8]} at k*={plan.reuse_step}/{pr.run.steps}, "
                 f"risk {plan.risk:.1%}, region {plan.region_fraction:.0%}" if plan.accept
                 else plan.reason if pr.exact_latent is not None  # not a rejection: the best outcome

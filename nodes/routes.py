@@ -33,7 +33,7 @@ import torch
 from aiohttp import web
 
 from ..carnator_core.cache import ENTRY_ID_RE, CacheError, TrajectoryCache
-from ..carnator_core.cache_backend import configured_location
+from ..carnator_core.cache_backend import database_location
 from ..carnator_core.cache_backend import open_cache as open_location
 from ..carnator_core.comfy_adapter import (TINYWORLD_LATENT_FORMAT, default_cache_folder,
                                            latent_rgb_factors, model_space)
@@ -89,7 +89,7 @@ def json_errors(handler: Handler) -> Handler:
 def open_cache() -> TrajectoryCache:
     """The cache the tab shows: the farm's database when CARNATOR_CACHE_URL is set, else the
     default folder (both backends answer the same methods)."""
-    return open_location(configured_location(None) or default_cache_folder(), None)
+    return open_location(database_location(None) or default_cache_folder(), None)
 
 
 def query_int(request: web.Request, name: str, default: int, low: int, high: int) -> int:

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from comfy_api.latest import io
 
-from ..carnator_core.cache_backend import is_database_url
+from ..carnator_core.cache_backend import database_location
 from ..carnator_core.cache_location import allowed_cache_folder, operator_roots
 from ..carnator_core.comfy_adapter import default_cache_folder
 from ..carnator_core.comfy_adapter import TINYWORLD_LATENT_FORMAT, mark_latent_format
@@ -20,27 +20,26 @@ class CarnatorCache(io.ComfyNode):
             inputs=[
                 io.String.Input("folder", default="", tooltip="Cache folder; empty means carnator_cache in ComfyUI's user directory. Must lie inside ComfyUI's user or output directory (a relative name is taken inside the user directory) or a folder listed in CARNATOR_CACHE_ROOTS. Several ComfyUI processes may share one folder."),
                 io.Float.Input("capacity_gb", default=8.0, min=0.01, max=10000.0, step=0.5, tooltip="Disk capacity; the least useful unpinned entries are evicted beyond it."),
-                io.String.Input("database_url", default="", optional=True, tooltip="A farm's shared cache: postgresql://user@host/db (needs the psycopg package). Empty uses the folder, or CARNATOR_CACHE_URL when the operator set it. Capacity, pins and eviction are shared by every worker on that database."),
+                io.String.Input("database", default="", optional=True, tooltip="A farm's shared cache, by the name the worker's operator gave it (CARNATOR_CACHE_DATABASES); an address or connection parameters are refused: where a worker connects is the operator's decision. Empty uses the operator's CARNATOR_CACHE_URL when set, else the folder. Capacity, pins and eviction are shared by every worker on that database."),
             ],
             outputs=[CacheConfig.Output("cache", tooltip="Connect to Early Probe, Cache Lookup or Carnator Sampler.")],
         )
 
     @classmethod
-    def validate_inputs(cls, folder="", capacity_gb=8.0, database_url="") -> bool | str:
-        url = (database_url or "").strip()
-        if url and not is_database_url(url):
-            return f"database_url must start with postgresql:// (got {url.split(':')[0]!r}); leave it empty to use the folder"
+    def validate_inputs(cls, folder="", capacity_gb=8.0, database="") -> bool | str:
         try:
+            database_location(database)
             cache_folder(folder)
         except ValueError as e:
             return str(e)
         return True
 
     @classmethod
-    def execute(cls, folder, capacity_gb, database_url="") -> io.NodeOutput:
+    def execute(cls, folder, capacity_gb, database="") -> io.NodeOutput:
+        database_location(database)  # refused here too: a workflow never picks an address
         return io.NodeOutput({"folder": cache_folder(folder),
                               "capacity_bytes": int(capacity_gb * 1024**3),
-                              "url": (database_url or "").strip() or None})
+                              "database": (database or "").strip() or None})
 
 
 def cache_folder(folder: str) -> str:

@@ -91,6 +91,28 @@ class PgCluster:
             if conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [db]).fetchone() is None:
                 conn.execute(f'CREATE DATABASE "{db}"')
 
+    def processes(self) -> list[int]:
+        """The postmaster and every backend and helper it started (from /proc)."""
+        found = [self.pid] if self.pid else []
+        for stat in glob.glob("/proc/[0-9]*/stat"):
+            try:
+                fields = Path(stat).read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if self.pid and int(fields[1]) == self.pid:
+                found.append(int(Path(stat).parent.name))
+        return found
+
+    def freeze(self) -> None:
+        """SIGSTOP the whole cluster: connections stay open, the kernel still ACKs, nothing
+        answers — a hung host as a client sees it."""
+        for pid in self.processes():
+            os.kill(pid, signal.SIGSTOP)
+
+    def thaw(self) -> None:
+        for pid in self.processes():
+            os.kill(pid, signal.SIGCONT)
+
     def stop(self, remove: bool = False) -> None:
         """Fast shutdown of this cluster's own postmaster, by PID."""
         if self.pid is not None:

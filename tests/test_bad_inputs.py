@@ -204,8 +204,8 @@ def test_a_locked_index_is_not_mistaken_for_corruption(tmp_path, monkeypatch):
 
 
 def test_a_damaged_calibration_file_never_fails_a_request(tiny_models, requests_in):
-    """The request completes: an exact repeat is still served, a new one runs as a miss,
-    and the summary names the file and what to do."""
+    """The request completes: an exact repeat is still served, a new one runs on the
+    uncalibrated prior, and the summary names the file and what to do."""
     wan, folder = tiny_models["wan21"], Path(requests_in.cache_folder)
     _, s1 = requests_in(wan, "wan21", PROMPT)
     fingerprint = next(iter(_rows_full(folder).values()))["model_fingerprint"]
@@ -215,8 +215,9 @@ def test_a_damaged_calibration_file_never_fails_a_request(tiny_models, requests_
     _, again = requests_in(wan, "wan21", PROMPT)
     assert again.outcome == "exact" and again.entry_id == s1.stored_id
     latent, s2 = requests_in(wan, "wan21", RELATED)
-    assert s2.outcome == "miss" and torch.isfinite(latent).all()
-    assert str(calibration) in s2.reason and "re-run calibration" in s2.reason, s2.reason
+    assert s2.outcome in ("miss", "hit") and torch.isfinite(latent).all()
+    assert "uncalibrated prior" in s2.calibration, s2.calibration
+    assert str(calibration) in s2.calibration and "re-run calibration" in s2.calibration
 
 
 def test_malformed_index_rows_are_restored_from_their_files(tiny_models, requests_in):

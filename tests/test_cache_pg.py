@@ -150,3 +150,50 @@ def test_postgresql_lookup_holds_a_fixed_budget_and_migrates_the_previous_layout
         assert conn.execute("SELECT to_regclass('carnator_descriptors'), to_regclass('carnator_gone')"
                             ).fetchone() == (None, None)
         assert conn.execute("SELECT sum(live) FROM carnator_descriptor_blocks").fetchone() == (699,)
+
+
+PG_REMOVER = """
+import sys
+sys.path.insert(0, {repo!r})
+from carnator_core.cache_backend import open_cache
+url, op, arg = sys.argv[1:4]
+if op == "delete":
+    open_cache(url, 1 << 30).delete(arg)
+else:
+    open_cache(url, int(arg)).evict_to_capacity()
+"""
+
+
+@pytest.mark.parametrize("op,point", [("delete", "pg.delete.deleted"), ("delete", "pg.delete.committed"),
+                                      ("evict", "pg.evict.deleted"), ("evict", "pg.evict.committed")])
+def test_a_postgresql_removal_killed_at_any_point_is_all_or_nothing_and_final(cluster, op, point):
+    """A worker SIGKILLed inside a delete or an eviction (before its commit) removed nothing;
+    killed after it, what the removal log says is gone stays gone for every later worker:
+    row, blob and signature go in one transaction, and nothing re-indexes them."""
+    import psycopg
+    url = cluster.url(f"removal_{point.replace('.', '_')}")
+    cache = open_cache(url, 1 << 30)
+    seeds = {cache.store({"class_key": CLASS_KEY, "exact_key": f"k{s}", "snapshot_steps": "[2]"},
+                         expected_tensors(s), signature_of(s)): s for s in range(8)}
+    target = sorted(seeds)[3]
+    capacity = cache.stats()["bytes"] // 2
+    proc = subprocess.run([sys.executable, "-c", PG_REMOVER.format(repo=str(REPO)), url, op,
+                           target if op == "delete" else str(capacity)], capture_output=True,
+                          text=True, timeout=120, env={**__import__("os").environ,
+                                                      "CARNATOR_TEST_KILL_AT": point})
+    assert proc.returncode == -9, proc.stderr[-2000:]
+    later = open_cache(url, 1 << 30)
+    removed = {r["entry_id"] for r in later.removals()}
+    if point.endswith(".deleted"):  # killed before the commit: nothing happened
+        assert not removed and later.stats()["entries"] == 8
+    else:
+        assert removed and (removed == {target} if op == "delete" else later.stats()["bytes"] <= capacity)
+    for entry_id, seed in seeds.items():
+        got = later.load_tensors(entry_id)
+        assert (got is None) == (entry_id in removed), (point, entry_id)
+        if got is not None:
+            assert same(got, expected_tensors(seed))
+    with psycopg.connect(url) as conn:  # no blob or signature outlives its row
+        orphans = conn.execute("SELECT (SELECT count(*) FROM carnator_blobs) + (SELECT count(*) FROM "
+                               "carnator_signatures) - 2 * (SELECT count(*) FROM carnator_entries)").fetchone()
+    assert orphans == (0,)

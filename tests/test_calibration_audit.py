@@ -265,12 +265,13 @@ def test_a_calibration_at_another_n_is_kept_beside_the_first_and_used_at_its_n(t
     calibrate(_tiny_runs(model, requests_in, 8)[0], prompt_pairs.pairs(n=5, seed=0), requests_in.settings,
               tol, folder, fp, 8)
     assert general.read_text() != first and at_ten.read_text() == ten
-    # a file named for one N that holds another is refused; the request still runs, as a miss
+    # a file named for one N that holds another is refused; the request still runs, on the
+    # uncalibrated prior, and says why
     at_ten.write_text(first)
     with pytest.raises(ValueError, match="measured at 8 steps, not 10"):
         risk_model_for(folder, fp, steps=10)
     _, refused = requests_in(model, "wan21", RELATED)
-    assert refused.outcome == "miss" and "measured at 8 steps, not 10" in refused.reason
+    assert "uncalibrated prior" in refused.calibration and "measured at 8 steps, not 10" in refused.calibration
 
 
 # ------------------------------------------------------------------ a calibration per probe
@@ -306,14 +307,16 @@ def test_a_calibration_holds_for_the_probe_it_was_measured_with(tiny_models, req
     at_eight = status_line(model_status(folder, fp, probe_fraction=0.25), 0.05, 8)
     assert "gate: calibrated" in at_eight and "measured at" not in at_eight
 
-    # a file whose name and content disagree is refused, and the request still runs (a miss)
+    # a file whose name and content disagree is refused: the request runs on the uncalibrated
+    # prior and says why
     (Path(folder) / "calibration" / f"{fp}.json").write_text(
         (Path(folder) / "calibration" / f"{fp}.probe0.25.json").read_text())
     with pytest.raises(ValueError, match="measured with probe_fraction 0.25, not 0.1"):
         risk_model_for(folder, fp)
     requests_in.settings.probe_fraction = 0.1
     _, refused = requests_in(model, "wan21", RELATED)
-    assert refused.outcome == "miss" and "measured with probe_fraction 0.25" in refused.reason
+    assert "uncalibrated prior" in refused.calibration, refused.calibration
+    assert "measured with probe_fraction 0.25" in refused.calibration
 
 
 def test_audits_are_kept_apart_per_probe_and_an_older_file_gains_the_column(tmp_path):

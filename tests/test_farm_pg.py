@@ -27,11 +27,14 @@ BASE = "a red ball rolls left across a green field"
 def farm(tmp_path_factory):
     cluster = PgCluster().start()
     url = cluster.url("farm")
+    # a second database the operator lets workflows pick by name
+    named = json.dumps({"staging": cluster.url("farm_node")})
     workers = []
     for i in range(3):
         folder = tmp_path_factory.mktemp(f"worker{i}")
         (folder / "pauses").mkdir()
         workers.append(ComfyServer(folder, env={"CARNATOR_CACHE_URL": url,
+                                                "CARNATOR_CACHE_DATABASES": named,
                                                 "CARNATOR_TEST_PAUSE_DIR": str(folder / "pauses")}))
     errors = []
 
@@ -170,17 +173,37 @@ def test_a_worker_killed_mid_store_leaves_nothing_half_visible(farm):
     assert same(open_cache(url, 1 << 30).load_tensors(kept), expected_tensors(902))
 
 
-def test_the_cache_node_database_url_wins_over_the_operators_default(farm):
+def test_a_workflow_picks_a_database_the_operator_named_and_never_gives_an_address(farm):
+    """Where a worker connects is the operator's decision: a workflow naming an address or
+    libpq parameters (hostaddr, host, passfile, service) is refused before it runs and no
+    connection is ever attempted (a listener stands where the address points); a name from
+    the operator's CARNATOR_CACHE_DATABASES is used."""
+    import socket
     cluster, url, (w0, _, _) = farm
     other = cluster.url("farm_node")
     prompt = json.loads((WORKFLOWS / "api" / f"{NAME}.api.json").read_text())
     prompt["2"]["inputs"]["text"] = BASE + " (node url)"
-    prompt["20"] = {"class_type": "CarnatorCache",
-                    "inputs": {"folder": "", "capacity_gb": 1.0, "database_url": "mysql://nope"}}
     prompt["5"]["inputs"]["cache"] = ["20", 0]
-    with pytest.raises(RuntimeError, match="must start with postgresql://"):
+    with socket.socket() as trap:
+        trap.bind(("127.0.0.1", 0))
+        trap.listen(8)
+        trap.setblocking(False)
+        port = trap.getsockname()[1]
+        for hostile in (f"postgresql://postgres@db.internal:5432/farm?hostaddr=127.0.0.1&port={port}",
+                        f"postgresql://postgres@127.0.0.1:{port}/farm",
+                        f"postgresql:///farm?host=127.0.0.1&port={port}&passfile=/root/.pgpass",
+                        "postgresql:///farm?service=carnator", f"host=127.0.0.1 port={port}"):
+            prompt["20"] = {"class_type": "CarnatorCache",
+                            "inputs": {"folder": "", "capacity_gb": 1.0, "database": hostile}}
+            with pytest.raises(RuntimeError, match="not an address or connection parameters"):
+                w0.queue(prompt)
+        time.sleep(0.5)
+        with pytest.raises(BlockingIOError):
+            trap.accept()  # nobody ever knocked
+    prompt["20"]["inputs"]["database"] = "nope"
+    with pytest.raises(RuntimeError, match="names this worker allows: staging"):
         w0.queue(prompt)
-    prompt["20"]["inputs"]["database_url"] = other
+    prompt["20"]["inputs"]["database"] = "staging"
     summary = carnator_outputs(w0.run(prompt))[0]
     assert summary["stored_id"]
     assert db_rows(other, "SELECT id FROM carnator_entries") == [(summary["stored_id"],)]

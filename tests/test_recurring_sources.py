@@ -95,7 +95,9 @@ def test_it_spends_nothing_where_same_scene_reuse_is_not_certified(tiny_models, 
     from carnator_core.calibration import save
     from carnator_core.comfy_adapter import model_fingerprint
     model = tiny_models["wan21"]
-    save(RiskModel(thresholds={"other": {"0.5": 1e9}, "same_scene": {"0.5": -1e9}}, confidence=0.9),
+    # other evidence accepted at any depth (λ at the logit's clamp), same-scene at none
+    save(RiskModel(calibrated=True, thresholds={"other": {"0.5": 50.0}, "same_scene": {"0.5": 0.0}},
+                   confidence=0.9),
          requests_in.cache_folder, model_fingerprint(model))
     requests_in.settings.gate = GateSettings(risk_budget=0.5, max_depth=0.5, recurring_sources=True)
     edited, scene, second = (_run(requests_in, model, EDITED), _run(requests_in, model, SCENE),
@@ -159,7 +161,7 @@ def test_a_gate_that_turns_recurring_sources_off_serves_the_repeat_and_counts_it
     assert pr.repeat_may_run and pr.exact_entry.id == scene.stored_id
     assert pr.probe_calls > 0                                   # the probe ran
     found = pipeline.lookup(pr)
-    model_risk, _ = pipeline.calibrated_risk_model(pr)
+    model_risk = pipeline.calibrated_risk_model(pr)
     plan, _ = pipeline.gate(pr, found, model_risk, replace(pr.settings.gate, recurring_sources=False))
     assert not plan.accept and pr.exact_entry.id == scene.stored_id
     _, summary = pipeline.reuse(pr, plan)

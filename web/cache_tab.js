@@ -183,7 +183,7 @@ class CachePanel {
       const atN = (m.calibrated_steps ?? []).map((c) => `${c.steps} steps` +
         (c.probe_fraction === m.probe_fraction ? "" : ` (probe_fraction ${c.probe_fraction})`));
       const ownN = atN.length ? ` · own calibration at ${atN.join(", ")}, used at that N` : "";
-      const what = m.problem ? `calibration unusable: ${m.problem}`
+      const what = m.problem ? `uncalibrated prior (α is not a promise): ${m.problem}`
         : m.calibrated ? `calibrated: ${m.measured_reuses.toLocaleString()} reuses measured` +
           // α is certified at the steps it was measured with; other N borrow it by depth share
           (m.measured_steps ? ` at ${m.measured_steps} steps` : "") +
