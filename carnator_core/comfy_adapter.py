@@ -360,14 +360,25 @@ def _find_block_list(diffusion_model: torch.nn.Module) -> torch.nn.ModuleList | 
 _TEXT_TOKEN_INPUTS = ("context", "txt_byt5", "clip_fea")
 
 
-def _text_tokens(executor, args, kwargs) -> int:
-    """Text-side tokens of one diffusion-model call, read from its named inputs."""
+def _call_inputs(executor, args, kwargs) -> dict:
+    """One diffusion-model call's inputs by name."""
     try:
-        bound = inspect.signature(executor.original).bind_partial(*args, **kwargs).arguments
+        return inspect.signature(executor.original).bind_partial(*args, **kwargs).arguments
     except (TypeError, ValueError, AttributeError):
-        bound = {"context": args[2] if len(args) > 2 else kwargs.get("context")}
+        return {"context": args[2] if len(args) > 2 else kwargs.get("context"), **kwargs}
+
+
+def _text_tokens(bound: dict) -> int:
+    """Text-side tokens of one diffusion-model call, read from its named inputs."""
     return sum(int(bound[k].shape[1]) for k in _TEXT_TOKEN_INPUTS
                if isinstance(bound.get(k), torch.Tensor) and bound[k].ndim == 3)
+
+
+def _call_options(bound: dict) -> dict | None:
+    opts = bound.get("transformer_options")
+    if not isinstance(opts, dict):
+        opts = (bound.get("kwargs") or {}).get("transformer_options")
+    return opts if isinstance(opts, dict) else None
 
 
 # models whose first block made no joint attention call: never probed again
@@ -418,27 +429,86 @@ def _install_order_probe(m, recorder: StepRecorder) -> None:
     m.set_model_patch_replace(tell_order, "dit", "double_block", 0)
 
 
-# callbacks of other nodes that keep re-installing their own attention override on top of
-# any other (every step), so Carnator's measuring, sparse and region attention would be skipped
-_ATTENTION_TAKEOVERS = {"block_sparse_attention": "ComfyUI's Model Sparse Attention node"}
+# ComfyUI 0.38's Model Sparse Attention node (comfy_extras/nodes_sparse_attention.py) puts its
+# override on the hook when applied and again from an ON_PREPARE_STATE callback under this key
+# before every step's model calls, on top of whatever is there unless that is one of its own
+# (install_override). The one it put there when applied is complete (same options, same state),
+# so Carnator keeps its own on top for every model call and chains to that one.
+_REINSTALLING_OVERRIDES = {"block_sparse_attention": "ComfyUI's Model Sparse Attention"}
+_OVERRIDE = "optimized_attention_override"
 
 
-def refuse_attention_takeovers(model) -> None:
+def _reinstalling_node(model) -> str | None:
     for keyed in (getattr(model, "callbacks", None) or {}).values():
         for key in keyed:
-            if key in _ATTENTION_TAKEOVERS:
-                raise ValueError(
-                    f"the model comes through {_ATTENTION_TAKEOVERS[key]}, which replaces the "
-                    "attention at every step on top of Carnator's own (its connectivity and region "
-                    "calls would silently be skipped): connect the model without it; Carnator runs "
-                    "its own block-sparse attention on hits")
+            if key in _REINSTALLING_OVERRIDES:
+                return _REINSTALLING_OVERRIDES[key]
+    return None
+
+
+def _function_name(fn) -> str:
+    name = getattr(fn, "__qualname__", None) or type(fn).__name__
+    module = getattr(fn, "__module__", None)
+    return f"{module}.{name}" if module else name
+
+
+# how ComfyUI names the block lists' kinds in transformer_options["block_type"]
+_BLOCK_KINDS = tuple((name, "double") for name in _BLOCK_LISTS) + (("single_blocks", "single"),)
+
+
+@dataclass
+class LayerAttention:
+    """A checkpoint's own attention per layer. ComfyUI 0.38 gives each attention layer a
+    ``comfy_attention`` module (ComfyAttention) whose ``function`` the checkpoint sets (its
+    ``<layer>.comfy_attention.config``: ``comfy_kitchen_int8``) and passes it as
+    ``preferred_attention``; its ``wrap_attn`` drops that whenever an attention override is on
+    the hook, so the override must call it itself. Looked up by the call's ``block_type`` and
+    ``block_index``; a block whose layers choose differently is not guessed (``mixed``)."""
+
+    by_block: dict = field(default_factory=dict)
+    everywhere: Callable | None = None
+    mixed: int = 0
+
+    @classmethod
+    def of(cls, net: torch.nn.Module) -> "LayerAttention":
+        found = cls()
+        seen: set = set()
+        for list_name, kind in _BLOCK_KINDS:
+            blocks = getattr(net, list_name, None)
+            if not isinstance(blocks, torch.nn.ModuleList) or id(blocks) in seen:
+                continue
+            seen.add(id(blocks))
+            for i, block in enumerate(blocks):
+                chosen = {getattr(m.comfy_attention, "function", None) for m in block.modules()
+                          if isinstance(getattr(m, "comfy_attention", None), torch.nn.Module)}
+                if len(chosen) == 1 and None not in chosen:
+                    found.by_block[(kind, i)] = chosen.pop()
+                elif len(chosen) > 1:
+                    found.mixed += 1
+        fns = set(found.by_block.values())
+        if len(fns) == 1 and not found.mixed:
+            found.everywhere = next(iter(fns))
+        return found
+
+    @property
+    def name(self) -> str | None:
+        fns = sorted({getattr(f, "__name__", "?") for f in self.by_block.values()})
+        return f"the checkpoint's per-layer attention ({', '.join(fns)})" if fns else None
+
+    def choice(self, opts: dict | None) -> Callable | None:
+        if not self.by_block:
+            return None
+        index = (opts or {}).get("block_index")
+        if index is None:
+            return self.everywhere
+        return self.by_block.get(((opts or {}).get("block_type") or "double", index))
 
 
 def patched_for_recording(model, recorder: StepRecorder, expert: str | None = None):
     """A clone that records model calls (per ``expert`` too, when it is one of a pair) and
     one block's tokens at the capture steps."""
-    refuse_attention_takeovers(model)
     m = model.clone()
+    ours = install_attention_override(m, recorder)
 
     def count_calls(executor, *args, **kwargs):
         region = recorder.region
@@ -450,7 +520,14 @@ def patched_for_recording(model, recorder: StepRecorder, expert: str | None = No
         if expert is not None:
             recorder.expert_calls[expert] = recorder.expert_calls.get(expert, 0) + 1
         recorder.attention_layer = 0
-        recorder.n_context = _text_tokens(executor, args, kwargs)
+        bound = _call_inputs(executor, args, kwargs)
+        recorder.n_context = _text_tokens(bound)
+        opts = _call_options(bound)
+        if opts is not None and opts.get(_OVERRIDE) not in (None, ours):
+            # a node re-installed its override on top of ours before this step (ComfyUI 0.38's
+            # sparse node does, every step): ours goes back on top for this call and chains to
+            # the override that was there when ours was installed
+            opts[_OVERRIDE] = ours
         return executor(*args, **kwargs)
 
     m.add_wrapper_with_key(comfy.patcher_extension.WrappersMP.DIFFUSION_MODEL, WRAPPER_KEY,
@@ -479,7 +556,6 @@ def patched_for_recording(model, recorder: StepRecorder, expert: str | None = No
 
     m.add_wrapper_with_key(comfy.patcher_extension.WrappersMP.PREDICT_NOISE, WRAPPER_KEY,
                            guided_prediction)
-    install_attention_override(m, recorder)
     blocks = _find_block_list(m.get_model_object("diffusion_model"))
     if blocks is None:
         log.info("Carnator: no known block list on %s; signature uses x̂0 only", backbone_name(m))
@@ -560,16 +636,37 @@ def _fix_empty_latent_channels(model, latent: dict) -> torch.Tensor:
     return comfy.sample.fix_empty_latent_channels(model, latent["samples"], **extra)
 
 
-def install_attention_override(m, recorder: StepRecorder) -> None:
+def install_attention_override(m, recorder: StepRecorder) -> Callable:
     """Route self-attention through the run's AttentionPlan; everything else, and every
-    dense call, goes to the override that was already there (SageAttention, ...) or to
-    ComfyUI's own attention function."""
+    dense call, goes to the override that was already there (a user's SageAttention, ComfyUI's
+    Model Sparse Attention, ...) with the checkpoint's own per-layer attention as its function,
+    else to that per-layer attention or ComfyUI's own attention function: chained, never
+    replaced. Records what it chains to on the plan, for the request's summary."""
     opts = m.model_options.setdefault("transformer_options", {})
-    previous = opts.get("optimized_attention_override")
+    previous = opts.get(_OVERRIDE)
+    layers = LayerAttention.of(m.get_model_object("diffusion_model"))
+    others = [n for n in (_reinstalling_node(m) or (previous is not None and
+                                                   f"the attention override {_function_name(previous)}"),
+                          layers.name) if n]
+    chained = ", then ".join(others) or None
+    if recorder.attention is not None and chained:
+        recorder.attention.chained_to = chained
+    if layers.mixed:
+        log.info("Carnator: %d blocks of %s choose their attention layer by layer differently; "
+                 "they run ComfyUI's attention function where Carnator leaves them dense",
+                 layers.mixed, backbone_name(m))
 
     def override(func, *args, **kwargs):
+        func = layers.choice(kwargs.get("transformer_options")) or func
+
+        def handed_on(*call_args):
+            if chained and recorder.attention is not None:
+                recorder.attention.chained_calls += 1
+            return (previous(func, *call_args, **kwargs) if previous is not None
+                    else func(*call_args, **kwargs))
+
         def dense():
-            return previous(func, *args, **kwargs) if previous is not None else func(*args, **kwargs)
+            return handed_on(*args)
 
         region = recorder.region
         if region is not None and region.mode and region.expect_self and len(args) >= 3:
@@ -579,8 +676,7 @@ def install_attention_override(m, recorder: StepRecorder) -> None:
             chunk = tuple(kwargs.get("transformer_options", {}).get("cond_or_uncond") or ())
             k, v = region.self_attention(chunk, k, v, dim)
             if region.mode == "region":
-                args = (q, k, v) + tuple(args[3:])
-                return previous(func, *args, **kwargs) if previous is not None else func(*args, **kwargs)
+                return handed_on(*((q, k, v) + tuple(args[3:])))
 
         probe = recorder.order_probe
         if probe is not None and len(args) >= 3:
@@ -625,7 +721,8 @@ def install_attention_override(m, recorder: StepRecorder) -> None:
             return out
         return out.transpose(1, 2).reshape(b, -1, heads * out.shape[-1])
 
-    opts["optimized_attention_override"] = override
+    opts[_OVERRIDE] = override
+    return override
 
 
 # ------------------------------------------------------------------ one request

@@ -217,6 +217,7 @@ class Summary:
     sparse_calls: int = 0             # self-attention calls that ran block-sparse
     sparse_density: float | None = None
     sparse_backend: str | None = None
+    attention: str = ""               # which attention ran when another is chained to Carnator's
     reason: str = ""
     messages: list[str] = field(default_factory=list)
     audit: dict | None = None         # this hit was also computed in full (audit.py)
@@ -245,6 +246,8 @@ class Summary:
         if self.expert_calls:
             head += " · calls " + ", ".join(f"{k.replace('_', '-')} {v}" for k, v in self.expert_calls.items())
         lines = [head + f" · {self.seconds:.2f} s"]
+        if self.attention:
+            lines.append(self.attention)
         if self.saved_seconds:
             lines.append(f"saved ≈ {self.saved_seconds:.2f} s")
         if self.reason:
@@ -770,6 +773,11 @@ def _report_attention(att, s: Summary) -> None:
         s.sparse_calls = att.sparse_calls
         s.sparse_density = att.connectivity.density
         s.sparse_backend = select_backend(att.sparse_device)  # not the CPU's on a GPU run
+    if att.chained_to:
+        s.attention = ("attention: " + (
+            f"Carnator block-sparse on {att.sparse_calls} calls, chained to {att.chained_to} "
+            f"for the other {att.chained_calls}" if att.sparse_calls else
+            f"{att.chained_to} on all {att.chained_calls} calls (Carnator's sparse off)"))
 
 
 def _finish_summary(pr: ProbeResult, s: Summary, notes: list[str]) -> None:

@@ -171,6 +171,10 @@ class AttentionPlan:
     dense_calls: int = 0
     fresh: bool = False  # captured since the mask was last rebuilt (refresh)
     skipped: str | None = None  # why a stored mask was not used
+    # the other attention Carnator hands its dense calls to (another node's override, the
+    # checkpoint's own per-layer attention), named for the summary, and how many it got
+    chained_to: str | None = None
+    chained_calls: int = 0
     _dense_blocks: dict = field(default_factory=dict)  # region M's query blocks, per layout
 
     def classify(self, q_len: int, k_len: int, n_context: int,

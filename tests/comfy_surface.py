@@ -74,6 +74,17 @@ SURFACE = [
     ("param", "comfy.ldm.modules.attention", "attention_pytorch:mask", READ),
     ("param", "comfy.ldm.modules.attention", "attention_pytorch:heads", READ),
     ("literal", "comfy/ldm/wan/model.py", "heads=self.num_heads", TESTED),
+    # composing with another attention (install_attention_override, LayerAttention): the call's
+    # block, as the models set it (Wan sets it only in newer releases; ComfyAttention's
+    # ``comfy_attention.function``, passed as preferred_attention, exists only in newer ones)
+    ("literal", "comfy/ldm/hunyuan_video/model.py", 'transformer_options["block_index"] = i', READ),
+    ("literal", "comfy/ldm/hunyuan_video/model.py", 'transformer_options["block_type"] = "single"', READ),
+    ("literal", "comfy/ldm/modules/attention.py", 'transformer_options.get("block_index"', TESTED),
+    # the newer sparse node's per-step re-installation: ON_PREPARE_STATE callbacks, run by
+    # prepare_state inside _calc_cond_batch (its test stand-in uses the CALC_COND_BATCH wrapper)
+    ("attr", "comfy.patcher_extension", "CallbacksMP.ON_PREPARE_STATE", READ),
+    ("attr", "comfy.patcher_extension", "WrappersMP.CALC_COND_BATCH", READ),
+    ("literal", "comfy/samplers.py", "model.current_patcher.prepare_state(timestep", READ),
     # diffusion-model inputs counted as text tokens (_TEXT_TOKEN_INPUTS)
     ("param", "comfy.ldm.hunyuan_video.model", "HunyuanVideo.forward:context", READ),
     ("param", "comfy.ldm.hunyuan_video.model", "HunyuanVideo.forward:txt_byt5", READ),
