@@ -15,7 +15,8 @@ candidate's x_k outside the region M, the request's own re-noised probe x̂0 ins
 
 The fitted ``RiskModel`` is saved where the gate loads it, ``<cache>/calibration/<model
 fingerprint>.json`` (``--cache``, default ComfyUI's Carnator cache folder), with a copy in
-bench/results/calibration/ (the benchmark picks that copy up) and a report in
+models/calibration/ (the bundled one: the nodes install it, the benchmark reads it; with
+``--results DIR``, in DIR/calibration/ instead) and a report in
 bench/results/calibration_report.json: held-out (by pair) false-accept rate of the gate's
 decision rule at α ∈ {0.02, 0.05, 0.10}. Sparse attention is not used in these reuses (the
 benchmark's Carnator runs dense by default as well).
@@ -179,10 +180,10 @@ def main(argv=None) -> dict:
                     help="model steps filling region M on a reuse (ReuseSettings.region_fill_calls)")
     ap.add_argument("--fill-on-m", action="store_true",
                     help="fill region M by its own trajectory computed on its tokens "
-                         "(ReuseSettings.region_fill_on_m; bench/region_fill_study.py)")
+                         "(ReuseSettings.region_fill_on_m; bench/studies/region_fill_study.py)")
     ap.add_argument("--region-margin", type=int, default=0, metavar="TILES",
                     help="widen region M of other evidence by this many tiles in space and time "
-                         "before measuring (ReuseSettings.region_margin; bench/region_dilation_study.py)")
+                         "before measuring (ReuseSettings.region_margin; bench/studies/region_dilation_study.py)")
     ap.add_argument("--same-scene-groups-of", nargs="+", default=None, metavar="JSONL",
                     help="only the pair groups with same-scene evidence in these measurement files "
                          "(re-measure them after changing the guided finish)")
@@ -196,7 +197,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--other-finish-calls", type=int, default=None,
                     help="also measure other-evidence reuses with a guided finish of this many calls "
                          "(ReuseSettings.other_finish_calls; off by default, see "
-                         "bench/region_finish_study.py)")
+                         "bench/studies/region_finish_study.py)")
     ap.add_argument("--other-finish-region", action="store_true",
                     help="with --other-finish-calls: compute region M's tokens between the calls "
                          "(ReuseSettings.other_finish_region, carnator_core/region_compute.py)")
@@ -330,7 +331,10 @@ def main(argv=None) -> dict:
         from carnator_core.comfy_adapter import default_cache_folder
         cache = default_cache_folder()
     path = CAL.save(model, cache, fp)
-    copy = CAL.save(model, a.results, fp)
+    # the default results folder's copy is the bundled calibration (models/calibration/, the one
+    # copy the nodes install and the benchmark reads); a study's --results folder keeps its own
+    copy = CAL.save(model, os.path.join(REPO, "models") if os.path.abspath(a.results) == RESULTS
+                    else a.results, fp)
     report["saved"] = [str(path), os.path.relpath(str(copy), REPO)]
     report_name = "calibration_report.json" if same_probe(a.probe_fraction, DEFAULT_PROBE_FRACTION) \
         else f"calibration_report.probe{a.probe_fraction:g}.json"

@@ -3,7 +3,7 @@
     .venv/bin/python bench/report.py        # reads bench/results/{tinyworld,calibration_report,localization}.json
 
 Prints; writes nothing. The numbers are whatever the last runs of bench/tinyworld.py,
-bench/calibrate.py and bench/localization.py measured.
+bench/calibrate.py and bench/studies/localization.py measured.
 """
 from __future__ import annotations
 

@@ -630,11 +630,26 @@ def table(results: dict) -> str:
     return "\n".join(out)
 
 
-def default_risk_model(fingerprint: str, probe_fraction: float | None = None) -> str | None:
-    """The committed calibration for this model and probe, if there is one."""
-    from carnator_core.gate import DEFAULT_PROBE_FRACTION, calibration_file
-    p = calibration_file(RESULTS, fingerprint, probe_fraction or DEFAULT_PROBE_FRACTION)
+BUNDLED_CALIBRATIONS = os.path.join(REPO, "models")  # models/calibration/: what the nodes install
+
+
+def default_risk_model(fingerprint: str, probe_fraction: float | None = None,
+                       steps: int = 0) -> str | None:
+    """The bundled calibration for this model, probe and N (the one the nodes use), if any."""
+    from carnator_core.gate import DEFAULT_PROBE_FRACTION, calibration_in_use
+    p = calibration_in_use(BUNDLED_CALIBRATIONS, fingerprint, probe_fraction or DEFAULT_PROBE_FRACTION,
+                           steps)
     return str(p) if p.is_file() else None
+
+
+def calibration_record(path: str | None) -> dict | None:
+    """Which calibration a result was measured with: its path in the repository and sha256."""
+    if not path:
+        return None
+    import hashlib
+    with open(path, "rb") as f:
+        digest = hashlib.sha256(f.read()).hexdigest()
+    return {"path": os.path.relpath(path, REPO), "sha256": digest}
 
 
 def easycache_risk_model(folder: str | None, fingerprint: str, probe_fraction: float | None) -> str | None:
@@ -696,7 +711,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--thresholds", type=float, nargs="+", default=list(THRESHOLDS))
     ap.add_argument("--psnr-bound", type=float, default=30.0)
     ap.add_argument("--risk-model", default="auto",
-                    help="fitted risk model json; 'auto': bench/results/calibration/<fingerprint>.json "
+                    help="fitted risk model json; 'auto': the bundled models/calibration/<fingerprint>….json "
                          "if present; 'prior': the uncalibrated default")
     ap.add_argument("--probe-fraction", type=float, default=0.1,
                     help="the probe's share of the steps (ReuseSettings.probe_fraction); --risk-model "
@@ -738,7 +753,7 @@ def main(argv=None) -> dict:
     from carnator_core.gate import GateSettings
     world = World(a.model, steps=a.steps, cfg=a.cfg, threads=a.threads)
     fp = world.fingerprint
-    rm_path = default_risk_model(fp, a.probe_fraction) if a.risk_model == "auto" else (None if a.risk_model == "prior" else a.risk_model)
+    rm_path = default_risk_model(fp, a.probe_fraction, a.steps) if a.risk_model == "auto" else (None if a.risk_model == "prior" else a.risk_model)
     rm = RiskModel.load(rm_path) if rm_path else RiskModel()
     budgets = sorted(set(a.budgets) | {a.main_budget})
     settings = ReuseSettings(probe_fraction=a.probe_fraction, gate=GateSettings())
@@ -761,6 +776,7 @@ def main(argv=None) -> dict:
                             "easycache_carnator": a.easycache_carnator,
                             "easycache_risk_model": a.easycache_risk_model,
                             "risk_model": rm.source, "risk_model_calibrated": rm.calibrated,
+                            "calibration": calibration_record(rm_path),
                             "threads": a.threads}}
     workdir = tempfile.mkdtemp(prefix="carnator_bench_")
     t_start = time.time()
@@ -797,7 +813,8 @@ def main(argv=None) -> dict:
                                  a.probe_fraction, own_refs=ec_own[tau])[0]
                 composed[f"carnator_easycache_{tau:g}"] = {**m, "easycache_threshold": tau,
                                                            "risk_budget": a.main_budget,
-                                                           "risk_model": ec_rm and os.path.relpath(ec_rm, REPO)}
+                                                           "risk_model": ec_rm and os.path.relpath(ec_rm, REPO),
+                                                           "calibration": calibration_record(ec_rm)}
             main_c = carn[a.main_budget][0]
             if a.records:
                 results.setdefault("records", {})[name] = {f"{b:g}": recs for b, (_, recs) in carn.items()}

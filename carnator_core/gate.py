@@ -55,7 +55,7 @@ def finish_cost(k: int, steps: int, finish_calls: int, region_share: float = 0.0
 # A finish that computes region M alone between its full calls may skip at most this many
 # steps per call: its outside follows the candidate by the offset of the last full call, and
 # M attends to the outside's keys and values of that call; both age with every skipped step.
-# Measured (bench/region_finish_study.py, 6 calls): 5.4% and 4.5% of reuses beyond tolerance
+# Measured (bench/studies/region_finish_study.py, 6 calls): 5.4% and 4.5% of reuses beyond tolerance
 # resuming at k = 4 and 6 of 20 (14–16 steps left), 2.3% at k = 8 (12 left).
 REGION_FINISH_STEPS_PER_CALL = 2
 
@@ -473,7 +473,7 @@ def reuse_region(features: dict[str, float], region: torch.Tensor, grid: tuple[i
     evidence is *other* (an edit). The probe sees an edit early and blurred, so its M misses the
     edge of what changes, and with M on its own trajectory that edge is what fails deep reuses:
     one tile more in space and time cut the reuses beyond tolerance at k = 16 of 20 from 27 to
-    13 of 98 edit pairs for +0.6 steps (bench/region_dilation_study.py). Same-scene evidence
+    13 of 98 edit pairs for +0.6 steps (bench/studies/region_dilation_study.py). Same-scene evidence
     keeps its few tiles as they are. The evidence features still describe the probe's M."""
     if margin <= 0 or evidence_class(features) != "other" or not bool(region.any()):
         return region

@@ -7,7 +7,7 @@ predicts the request's x̂0 as the candidate's stored x̂0 at that step plus the
 request showed at its last computed step. The candidate's x̂0 is stored at its snapshot
 steps and at N−1; steps between are interpolated linearly in σ.
 
-Measured on the tiny world (``bench/guided_finish_study.py``: 24 paraphrase pairs, k* 4…16
+Measured on the tiny world (``bench/studies/guided_finish_study.py``: 24 paraphrase pairs, k* 4…16
 of 20): 4 calls keep as many reuses within 30 dB as every remaining step (24/24 up to
 k* = 12, 22/24 at 14 and 16) at a mean 37–39 dB; 3 calls 22/24. Holding the request's own
 x̂0 between the same 4 calls instead (a coarser sampler: what a step cache amounts to)

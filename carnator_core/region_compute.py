@@ -6,7 +6,7 @@ subset of its tokens: every block runs on M's tokens alone, and their self-atten
 to M's fresh keys and values *plus* the outside's, kept per layer from the last full call.
 Such a call costs about M's share of the tokens, not a model call.
 
-``bench/region_finish_study.py`` measured the best case of this (the whole frame computed and
+``bench/studies/region_finish_study.py`` measured the best case of this (the whole frame computed and
 only M's share kept): with 4–6 full calls it keeps the edits that a finish of every step
 keeps, where the guided finish alone does not. This module is the real thing, so the study
 can measure what stale outside keys and values cost.
@@ -130,7 +130,7 @@ class RegionFinish:
 
 
 # The fill of region M that computes M's own trajectory on its tokens (issue 10,
-# bench/region_fill_study.py): two segments of two steps, each a full call then a call on M's
+# bench/studies/region_fill_study.py): two segments of two steps, each a full call then a call on M's
 # tokens alone. The first starts at the first stored snapshot after the probe (M there the
 # probe's x̂0 re-noised), the second at the stored snapshot nearest the middle from there to
 # k*; at each start the outside is the candidate's stored latent, so M is computed among the

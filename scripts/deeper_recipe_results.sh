@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The deeper recipe's tiny-world numbers (README "The deeper recipe: probe_fraction 0.05" and
-# "More steps") measured on one model, from its calibration to every workload (not part of CI).
+# The deeper recipe's tiny-world numbers (docs/results.md: probe_fraction 0.05, more steps)
+# measured on one model, from its calibration to every workload (not part of CI).
 # Resumable: a step whose result file exists is skipped, so rerun it (same arguments) after a
 # session ends; each step runs two processes at a time (one per core).
 # MODEL defaults to the bundled (language-retrained) tiny world; TAG=lang2 named its results:

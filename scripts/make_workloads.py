@@ -235,7 +235,7 @@ def novel(n_sessions=24, edits=6, seed=4004):
 def drift(n_sessions=70, edits=9, seed=5005):
     """Editing sessions mixing iterate's edits with the novel edit kinds the calibration
     never saw, and paraphrases between them: the stream of the live-audit benchmark
-    (bench/audit_stream.py), long enough for audits to accumulate."""
+    (bench/studies/audit_stream.py), long enough for audits to accumulate."""
     return _sessions(n_sessions, edits, seed, 1_100_000, lambda scene: (
         ["flip", "synonym", "two_attributes", "add_remove", "speed_word"]
         + (["object_change", "colour_swap"] if len(scene["objects"]) == 2 else [])))

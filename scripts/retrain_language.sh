@@ -12,7 +12,7 @@
 # models/tinyworld/ (the bundled tiny world is this chain's stage C, step 24,476), and a new
 # checkout resumes from there (fresh AdamW moments).
 # Export and measure:  .venv/bin/python scripts/train_tinyworld.py --dir models/tinyworld_lang2 --export
-#   .venv/bin/python bench/phrasing.py --model models/tinyworld_lang2/carnator_tinyworld_wan21.safetensors
+#   .venv/bin/python bench/studies/phrasing.py --model models/tinyworld_lang2/carnator_tinyworld_wan21.safetensors
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=.venv/bin/python

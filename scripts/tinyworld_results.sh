@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The default settings' tiny-world numbers, measured on the bundled model (not part of CI).
 # bench/results/tinyworld*.json, calibration_measurements.* and localization_caption_model.json
-# were written by it while the first model (models/tinyworld_caption/) was the bundled one;
-# the bundled model's default-settings runs are bench/results/studies/tinyworld_lang2_recurring_*.json.
+# hold its numbers for the caption-trained model (models/tinyworld_caption/); the bundled
+# model's default-settings runs are bench/results/studies/tinyworld_lang2_recurring_*.json.
 # Two processes at a time (one per core): calibration in two shards, then the workloads,
 # then the localization check and the depth studies; bench/report.py prints the README tables.
 #   bash scripts/tinyworld_results.sh          # about 2 hours on 2 cores (calibration ~50 min)
@@ -34,9 +34,9 @@ $PY bench/tinyworld.py --merge out/tw30_iterate.json out/tw30_serve.json --out $
 both "$PY bench/tinyworld.py iterate --steps 50 --budgets 0.05 --no-sparse-system --records --no-plots --out out/tw50_iterate.json" \
      "$PY bench/tinyworld.py serve --steps 50 --budgets 0.05 --no-sparse-system --records --no-plots --out out/tw50_serve.json"
 $PY bench/tinyworld.py --merge out/tw50_iterate.json out/tw50_serve.json --out $R/tinyworld_n50.json --no-plots
-$PY bench/localization.py
+$PY bench/studies/localization.py
 # the re-noised fill of M (bench/results/studies, measured with --fill-calls 0) against today's
-$PY bench/depth_studies.py --instances $R/studies/renoise_fill.*-of-6.jsonl \
+$PY bench/studies/depth_studies.py --instances $R/studies/renoise_fill.*-of-6.jsonl \
     --fill $R/calibration_measurements.0-of-2.jsonl $R/calibration_measurements.1-of-2.jsonl
-$PY bench/guided_finish_study.py
+$PY bench/studies/guided_finish_study.py
 $PY bench/report.py

@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parent.parent
 
 
@@ -62,15 +64,15 @@ def test_real_size_costs_benchmark_runs_small(tmp_path):
 def test_self_calibration_benchmark_smoke(tmp_path):
     """The generic calibration on the tiny world: measure a shard, fit, evaluate — a few pairs."""
     out = tmp_path / "selfcal"
-    run(["bench/self_calibrate.py", "--pairs", "9", "--shard", "0/1", "--out", str(out)])
+    run(["bench/studies/self_calibrate.py", "--pairs", "9", "--shard", "0/1", "--out", str(out)])
     assert len((out / "progress.0-of-1.jsonl").read_text().splitlines()) == 9
-    printed = run(["bench/self_calibrate.py", "--pairs", "9", "--out", str(out)])
+    printed = run(["bench/studies/self_calibrate.py", "--pairs", "9", "--out", str(out)])
     report = json.loads((out / "report.json").read_text())
     assert report["pairs"] == 9 and report["measured_reuses"] > 0 and "reuses" in printed
     assert report["tolerance"] == {"psnr_bound": 30.0, "space": "frames"}
     model_file = next(p for p in out.glob("*.json") if p.name != "report.json")
     assert json.loads(model_file.read_text())["calibrated"]
-    run(["bench/self_calibrate.py", "--evaluate", "serve", "--limit", "6", "--budgets", "0.05",
+    run(["bench/studies/self_calibrate.py", "--evaluate", "serve", "--limit", "6", "--budgets", "0.05",
          "--out", str(out)])
     ev = json.loads((out / "evaluation.serve.json").read_text())
     assert set(ev["budgets"]["0.05"]) == {"generic", "checker"}
@@ -80,7 +82,7 @@ def test_self_calibration_benchmark_smoke(tmp_path):
 def test_audit_stream_benchmark_smoke(tmp_path):
     """Every hit audited on a short stretch of the drift stream: audits happen and are counted."""
     target = tmp_path / "audit_stream.json"
-    run(["bench/audit_stream.py", "--limit", "12", "--audit-rate", "1", "--out", str(target)])
+    run(["bench/studies/audit_stream.py", "--limit", "12", "--audit-rate", "1", "--out", str(target)])
     r = json.loads(target.read_text())
     assert r["audits_on"]["gate_hits"] > 0
     assert r["audits"] == r["audits_on"]["gate_hits"] == len(r["running"])  # every hit audited
@@ -114,7 +116,7 @@ def test_checker_gap_splits_wrong_results_by_how_they_were_made(tmp_path):
     source.write_text(json.dumps({"records": {"iterate": {"0.05": records}},
                                   "settings": {"psnr_bound": 30.0}}))
     target = tmp_path / "gap.json"
-    run(["bench/checker_gap.py", str(source), "--out", str(target)])
+    run(["bench/studies/checker_gap.py", str(source), "--out", str(target)])
     row = json.loads(target.read_text())["bench.json"]["iterate"]["0.05"]
     assert row["broke"] == {"gate_hit": 2, "exact_reserving_hit": 1, "other": 0}
     assert row["fixed"] == 1 and row["exact_repeats_of_hit_results"] == 1
@@ -149,3 +151,20 @@ def test_text_states_replay_a_workloads_prompts_bit_for_bit_without_minilm(tmp_p
     from safetensors.torch import load_file
     import torch
     assert torch.equal(load_file(tmp_path / "replayed")["s"], load_file(tmp_path / "encoded")["s"])
+
+
+STUDIES = sorted(p.name for p in (REPO / "bench" / "studies").glob("*.py"))
+
+
+@pytest.mark.parametrize("study", STUDIES)
+def test_every_study_still_runs(study):
+    """The studies that shaped the method stay runnable where they now live (their --help
+    parses its arguments after every import the study needs has run)."""
+    printed = run([f"bench/studies/{study}", "--help"], timeout=180)
+    assert printed.startswith("usage:")
+
+
+def test_bench_holds_the_benchmarks_people_run_and_the_studies_apart():
+    top = sorted(p.name for p in (REPO / "bench").glob("*.py"))
+    assert len(top) <= 10, top
+    assert len(STUDIES) >= 10 and not set(top) & set(STUDIES)

@@ -173,7 +173,7 @@ def test_benchmark_meters_the_model_work_of_every_system(tmp_path):
 
 
 def _localization():
-    return repo_scripts.load("bench/localization.py", "bench_loc")
+    return repo_scripts.load("bench/studies/localization.py", "bench_loc")
 
 
 def test_localization_masks_follow_the_changed_object():

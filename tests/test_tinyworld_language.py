@@ -4,7 +4,7 @@ and that every phrasing describes exactly its scene.
 The scene check reads each phrasing with keyword tables of its own (below), not the
 generator's lexicon: each attribute piece must name its object's value and no other, plain
 pieces must name no attribute, and the pieces must make up the text. Fast: MiniLM's
-tokenizer, no diffusion model, except one small run of bench/phrasing.py.
+tokenizer, no diffusion model, except one small run of bench/studies/phrasing.py.
 """
 import json
 import random
@@ -257,7 +257,7 @@ def test_language_revision_2_adds_training_families_and_revision_1_still_draws_a
 # --------------------------------------------------------------- the benchmark, tiny
 @pytest.mark.skipif(not MODEL.exists(), reason="committed tiny-world model not present")
 def test_phrasing_benchmark_smoke(tmp_path):
-    mod = repo_scripts.load("bench/phrasing.py", "bench_phrasing")
+    mod = repo_scripts.load("bench/studies/phrasing.py", "bench_phrasing")
     out = tmp_path / "phrasing.json"
     res = mod.main(["--scenes", "2", "--held-out", "2", "--training", "2", "--out", str(out)])
     saved = json.loads(out.read_text())
@@ -268,7 +268,7 @@ def test_phrasing_benchmark_smoke(tmp_path):
     assert saved["counts"]["prompts"] == {"canonical": 2, "caption": 2, "training": 4, "held_out": 4}
     assert saved["pairs"]["held_out_pairs"]["n"] == 2 and saved["held_out_pairs_within_30db"] is not None
     assert saved["settings"]["model"].endswith("carnator_tinyworld_wan21.safetensors")
-    assert saved["command"].startswith("python bench/phrasing.py")
+    assert saved["command"].startswith("python bench/studies/phrasing.py")
     assert set(saved["targets"]) == {"held_out_all_right", "held_out_per_attribute", "gap_to_training",
                                      "held_out_pairs_within_bound"}
     held = [r for r in saved["records"] if r["row"] == "held_out"]
@@ -279,7 +279,7 @@ def test_phrasing_benchmark_draws_more_training_phrasings_without_moving_the_oth
     """--training K adds training-family phrasings after the held-out ones: the prompts an
     earlier run measured (first training phrasing, every held-out one) stay the same."""
     import random
-    mod = repo_scripts.load("bench/phrasing.py", "bench_phrasing")
+    mod = repo_scripts.load("bench/studies/phrasing.py", "bench_phrasing")
     scene = {"objects": [{"shape": "square", "colour": "red", "position": "top left", "motion": "right"},
                          {"shape": "circle", "colour": "blue", "position": "bottom right", "motion": "up"}]}
     one = mod.prompts_for(scene, random.Random(7), held_out=3, training=1)
@@ -296,7 +296,7 @@ def test_phrasing_benchmark_prompts_are_the_ones_earlier_runs_measured():
     """Revision 2 of the language added training families; the benchmark still draws its
     prompts as every committed measurement did, so the runs before and after compare."""
     import random
-    mod = repo_scripts.load("bench/phrasing.py", "bench_phrasing")
+    mod = repo_scripts.load("bench/studies/phrasing.py", "bench_phrasing")
     saved = json.loads((REPO / "bench/results/studies/phrasing_consistency_21124.json").read_text())
     st = saved["settings"]
     scenes = mod.scenes_and_seeds(6, st["seed"])

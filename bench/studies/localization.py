@@ -1,7 +1,7 @@
 """Localization check: on partly compatible pairs, does the region M cover the changed object?
 
-    .venv/bin/python bench/localization.py                 # all 'partial' pairs of the calibration workload
-    .venv/bin/python bench/localization.py --limit 4       # a quick look
+    .venv/bin/python bench/studies/localization.py                 # all 'partial' pairs of the calibration workload
+    .venv/bin/python bench/studies/localization.py --limit 4       # a quick look
 
 A partly compatible pair is a two-object scene and the same scene with one object's colour,
 shape or motion changed (same seed). For each pair the anchor runs through Carnator into a
@@ -38,7 +38,7 @@ def _load_bench():
     would find the ``tinyworld`` package of the repo instead."""
     name = "bench_tw"
     if name not in sys.modules:
-        path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tinyworld.py")
+        path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tinyworld.py")
         spec = importlib.util.spec_from_file_location(name, path)
         sys.modules[name] = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(sys.modules[name])

@@ -1,6 +1,6 @@
 """How many model calls a reuse's finish needs, and what guides the steps between (issue 10).
 
-    nice .venv/bin/python bench/guided_finish_study.py      # bench/results/guided_finish_study.json
+    nice .venv/bin/python bench/studies/guided_finish_study.py      # bench/results/guided_finish_study.json
 
 For pairs of the calibration workload (same seed), the request resumes from the
 candidate's x_k at k = 4…16 of 20 (no region fill: the question is the finish, not M) and
@@ -25,10 +25,11 @@ import os
 import sys
 import time
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-for p in (os.path.join(REPO, "tests"), os.path.join(REPO, "bench"), REPO):
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+for p in (os.path.join(REPO, "tests"), REPO):
     if p not in sys.path:
         sys.path.insert(0, p)
+sys.path.append(os.path.join(REPO, "bench"))  # last: bench/tinyworld.py is no package
 
 RESULTS = os.path.join(REPO, "bench", "results")
 KINDS = {"compatible_far": 24, "edit_chain": 8, "partial": 8, "incompatible_close": 8}

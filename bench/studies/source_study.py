@@ -5,8 +5,8 @@ counts, for every gate hit, whether an earlier request had the same scene and no
 whether that request was computed in full (a reuse source) or was itself a hit (not a
 source: cache.lookup never returns entries that reused another). Nothing is run.
 
-    .venv/bin/python bench/source_study.py                      # the committed results
-    .venv/bin/python bench/source_study.py --results FILE.json --out FILE.json
+    .venv/bin/python bench/studies/source_study.py                      # the committed results
+    .venv/bin/python bench/studies/source_study.py --results FILE.json --out FILE.json
 """
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import collections
 import json
 import os
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 NOISE_POOL = 4  # bench/tinyworld.py: shared_noise folds seeds onto 4 canonical noises
 
 

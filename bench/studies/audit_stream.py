@@ -2,8 +2,8 @@
 share of the hits, and watch the running false-accept estimate, the moment the gate
 tightens, and the false-accept rate after it.
 
-    nice .venv/bin/python bench/audit_stream.py                    # drift.jsonl, α 0.05, audits 50%
-    .venv/bin/python bench/audit_stream.py --limit 60 --out /tmp/a.json   # a quick one
+    nice .venv/bin/python bench/studies/audit_stream.py                    # drift.jsonl, α 0.05, audits 50%
+    .venv/bin/python bench/studies/audit_stream.py --limit 60 --out /tmp/a.json   # a quick one
 
 The stream (bench/workloads/drift.jsonl, scripts/make_workloads.py) is editing sessions that
 mix iterate's edits with edit kinds no calibration pair contains (two attributes at once,
@@ -26,10 +26,11 @@ import sys
 import tempfile
 import time
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-for p in (os.path.join(REPO, "tests"), REPO, os.path.join(REPO, "bench")):
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+for p in (os.path.join(REPO, "tests"), REPO):
     if p not in sys.path:
         sys.path.insert(0, p)
+sys.path.append(os.path.join(REPO, "bench"))  # last: bench/tinyworld.py is no package
 
 from carnator_core.risk_control import clopper_pearson_lower, clopper_pearson_upper  # noqa: E402
 
@@ -95,7 +96,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--limit", type=int, default=None)
     ap.add_argument("--budget", type=float, default=0.05)
     ap.add_argument("--audit-rate", type=float, default=0.5)
-    ap.add_argument("--risk-model", default=None, help="default: bench/results/calibration/<fingerprint>.json")
+    ap.add_argument("--risk-model", default=None, help="default: the bundled models/calibration/<fingerprint>.json")
     ap.add_argument("--psnr-bound", type=float, default=30.0)
     ap.add_argument("--out", default=os.path.join(RESULTS, "audit_stream.json"))
     ap.add_argument("--replot", action="store_true", help="redraw --out's plot from its JSON; run nothing")

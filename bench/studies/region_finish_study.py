@@ -1,6 +1,6 @@
 """Can edits be finished like paraphrases if region M is computed and the rest guided? (issue 10)
 
-    nice .venv/bin/python bench/region_finish_study.py   # bench/results/studies/region_finish.json
+    nice .venv/bin/python bench/studies/region_finish_study.py   # bench/results/studies/region_finish.json
 
 Hits with *other* evidence (edits, other scenes on the same noise) finish every step after
 k* today: the guided finish (``carnator_core/guided_finish.py``) loses them, because the
@@ -36,7 +36,7 @@ calibration directions with the whole tolerance (PSNR and the checker):
     nice .venv/bin/python bench/calibrate.py --other-finish-calls 6 --shard 0/2 \
         --add-guided-finish bench/results/calibration_measurements.*-of-2.jsonl --results out/cal_other
     (the same with --shard 1/2; the guided reuses alone: bench/results/studies/other_guided_finish.jsonl)
-    .venv/bin/python bench/region_finish_study.py --calibration-labels \
+    .venv/bin/python bench/studies/region_finish_study.py --calibration-labels \
         bench/results/studies/other_guided_finish.jsonl     # → studies/other_guided_finish.json
 
 failure rates by pair kind and depth, both finishes, and what Learn-then-Test certifies for
@@ -54,10 +54,11 @@ import time
 
 import torch
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-for p in (os.path.join(REPO, "tests"), os.path.join(REPO, "bench"), REPO):
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+for p in (os.path.join(REPO, "tests"), REPO):
     if p not in sys.path:
         sys.path.insert(0, p)
+sys.path.append(os.path.join(REPO, "bench"))  # last: bench/tinyworld.py is no package
 
 from carnator_core.region_compute import RegionFinish  # noqa: E402
 

@@ -1,7 +1,7 @@
 """Does the tiny-world model follow how people write? (issue 13)
 
-    nice -n 10 .venv/bin/python bench/phrasing.py                  # 120 scenes, ~7 min on one core
-    .venv/bin/python bench/phrasing.py --scenes 5 --out /tmp/p.json  # a quick look
+    nice -n 10 .venv/bin/python bench/studies/phrasing.py                  # 120 scenes, ~7 min on one core
+    .venv/bin/python bench/studies/phrasing.py --scenes 5 --out /tmp/p.json  # a quick look
 
 For N scenes (alternately one and two objects), each with its own seed, every phrasing below
 is computed in full on the model (ComfyUI's sampler through bench/tinyworld.py's ``World``,
@@ -40,13 +40,14 @@ import statistics
 import sys
 import time
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 for p in (os.path.join(REPO, "tests"), REPO):  # REPO first: the tinyworld package, not bench/tinyworld.py
     if p in sys.path:
         sys.path.remove(p)
     sys.path.insert(0, p)
-if os.path.dirname(os.path.abspath(__file__)) not in sys.path:  # last: bench/tinyworld.py is no package
-    sys.path.append(os.path.dirname(os.path.abspath(__file__)))
+BENCH = os.path.join(REPO, "bench")
+if BENCH not in sys.path:  # last: bench/tinyworld.py is no package
+    sys.path.append(BENCH)
 
 from calibrate import _load_bench  # noqa: E402
 from carnator_core.risk_control import clopper_pearson_lower, clopper_pearson_upper  # noqa: E402
@@ -244,7 +245,7 @@ def main(argv=None) -> dict:
         "train_families": list(measured_training_families()), "held_out_families": list(LANG.HELD_OUT_FAMILIES),
         "per_attribute": "share of prompts with that attribute right for every object (count: object count right)",
         "seconds": round(time.time() - t_start, 1)}
-    results["command"] = "python bench/phrasing.py" + "".join(f" {x}" for x in (argv if argv is not None else sys.argv[1:]))
+    results["command"] = "python bench/studies/phrasing.py" + "".join(f" {x}" for x in (argv if argv is not None else sys.argv[1:]))
     if not a.no_records:
         results["records"] = recs
     os.makedirs(os.path.dirname(os.path.abspath(out_path)), exist_ok=True)

@@ -9,8 +9,8 @@ has *other* evidence runs in full when its own scene was asked before and served
 workload's ground-truth scene stands in for recognising that (an oracle: an upper bound on
 such a rule, which would have to find the scene among entries that are not sources).
 
-    .venv/bin/python bench/source_policy_replay.py serve --min-saving 0
-    .venv/bin/python bench/source_policy_replay.py iterate --policy second_sight --out FILE.json
+    .venv/bin/python bench/studies/source_policy_replay.py serve --min-saving 0
+    .venv/bin/python bench/studies/source_policy_replay.py iterate --policy second_sight --out FILE.json
 """
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ import shutil
 import sys
 import tempfile
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # bench/
 from calibrate import _load_bench  # noqa: E402 - bench/tinyworld.py, once per process
 
 TWB = _load_bench()

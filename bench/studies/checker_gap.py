@@ -6,7 +6,7 @@ result was made: a gate hit (a reuse decision), an exact repeat that re-served a
 result (the same decision served again), or anything else; beside them, the requests Carnator
 got right where full computation did not.
 
-    python bench/checker_gap.py bench/results/studies/tinyworld_lang2_region4_iterate.json \
+    python bench/studies/checker_gap.py bench/results/studies/tinyworld_lang2_region4_iterate.json \
         --out bench/results/studies/checker_gap_lang2.json
 """
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """How well does each risk form rank the edits that miss tolerance, depth by depth? (issue 10)
 
-    .venv/bin/python bench/risk_form_study.py bench/results/studies/fill_on_m_calibration/calibration_measurements.*-of-2.jsonl
+    .venv/bin/python bench/studies/risk_form_study.py bench/results/studies/fill_on_m_calibration/calibration_measurements.*-of-2.jsonl
     # → bench/results/studies/risk_forms.json
 
 Within the *other* evidence class at one depth, every reuse has the same depth term, so what
@@ -16,7 +16,7 @@ import json
 import os
 import sys
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 if REPO not in sys.path:
     sys.path.insert(0, REPO)
 

@@ -1,7 +1,7 @@
 """Where do deep edits fail once region M follows its own trajectory, and does a wider M help? (issue 10)
 
-    nice .venv/bin/python bench/region_dilation_study.py --shard 0/2   # and 1/2, in parallel
-    .venv/bin/python bench/region_dilation_study.py --merge <the two shard files>
+    nice .venv/bin/python bench/studies/region_dilation_study.py --shard 0/2   # and 1/2, in parallel
+    .venv/bin/python bench/studies/region_dilation_study.py --merge <the two shard files>
     # → bench/results/studies/region_dilation.json
 
 With M filled on its own tokens (``pipeline.fill_region(..., stored=…)``), the calibration's
@@ -29,10 +29,11 @@ import time
 import torch
 import torch.nn.functional as F
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-for p in (os.path.join(REPO, "tests"), os.path.join(REPO, "bench"), REPO):
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+for p in (os.path.join(REPO, "tests"), REPO):
     if p not in sys.path:
         sys.path.insert(0, p)
+sys.path.append(os.path.join(REPO, "bench"))  # last: bench/tinyworld.py is no package
 
 from region_finish_study import merged_shards, other_evidence_pairs, pair_study_parser  # noqa: E402
 

@@ -1,12 +1,12 @@
 """Can region M follow the request's own trajectory to k*, computed on M's tokens alone? (issue 10)
 
-    nice .venv/bin/python bench/region_fill_study.py   # bench/results/studies/region_fill.json
+    nice .venv/bin/python bench/studies/region_fill_study.py   # bench/results/studies/region_fill.json
 
 A hit with *other* evidence (an edit) resumes from the candidate's stored x_k outside region M
 and from its own estimate inside. Today that estimate is two coarse full steps of the request's
 own trajectory from the probe to k* (``pipeline.fill_region``), and it is what limits edits'
 depth: filled with the request's *true* x_k instead, edits stayed within tolerance far deeper
-(bench/depth_studies.py). This study measures fills that compute more of M's own trajectory at
+(bench/studies/depth_studies.py). This study measures fills that compute more of M's own trajectory at
 M's token share, the outside following the stored trajectory:
 
 - ``coarse_2``: today's fill (2 full calls on the whole frame, coarse steps);
@@ -39,10 +39,11 @@ import time
 
 import torch
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-for p in (os.path.join(REPO, "tests"), os.path.join(REPO, "bench"), REPO):
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+for p in (os.path.join(REPO, "tests"), REPO):
     if p not in sys.path:
         sys.path.insert(0, p)
+sys.path.append(os.path.join(REPO, "bench"))  # last: bench/tinyworld.py is no package
 
 from carnator_core.region_compute import FillSegment  # noqa: E402
 from region_finish_study import merged_shards, other_evidence_pairs, pair_study_parser  # noqa: E402

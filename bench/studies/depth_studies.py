@@ -1,7 +1,7 @@
 """What limits reuse depth, from calibration measurements (issue 10): no model runs here.
 
-    .venv/bin/python bench/depth_studies.py                       # bench/results/depth_studies.json
-    .venv/bin/python bench/depth_studies.py --fill out/fill2/calibration_measurements.jsonl
+    .venv/bin/python bench/studies/depth_studies.py                       # bench/results/depth_studies.json
+    .venv/bin/python bench/studies/depth_studies.py --fill out/fill2/calibration_measurements.jsonl
 
 Every study fits the risk model on one half of the pairs and certifies it on the other
 (bench/calibrate.py's split and Learn-then-Test), then reports, on the certification half, what
@@ -24,7 +24,7 @@ import json
 import os
 import sys
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, REPO)
 
 from carnator_core import calibration as CAL  # noqa: E402

@@ -1,9 +1,9 @@
 """The generic calibration (issue 11) run on the tiny world, to check it against the
 checker-based one (bench/calibrate.py).
 
-    nice .venv/bin/python bench/self_calibrate.py --shard 0/2 &   # measure (2 processes)
-    nice .venv/bin/python bench/self_calibrate.py --shard 1/2; wait
-    .venv/bin/python bench/self_calibrate.py                       # fit from the measurements
+    nice .venv/bin/python bench/studies/self_calibrate.py --shard 0/2 &   # measure (2 processes)
+    nice .venv/bin/python bench/studies/self_calibrate.py --shard 1/2; wait
+    .venv/bin/python bench/studies/self_calibrate.py                       # fit from the measurements
 
 Only what a user's model offers is used: prompt pairs from ``carnator_core.prompt_pairs``
 (``derived_pairs``: its English edit operators, single and chained, applied to base prompts — here the anchor prompts of
@@ -15,8 +15,8 @@ it. ``--evaluate WORKLOAD`` then serves a workload through the real pipeline wit
 calibration and with the checker-based one side by side (same process, same references) and
 writes bench/results/self_calibration/evaluation.<workload>.json:
 
-    nice .venv/bin/python bench/self_calibrate.py --evaluate iterate &
-    nice .venv/bin/python bench/self_calibrate.py --evaluate serve; wait
+    nice .venv/bin/python bench/studies/self_calibrate.py --evaluate iterate &
+    nice .venv/bin/python bench/studies/self_calibrate.py --evaluate serve; wait
 """
 from __future__ import annotations
 
@@ -27,10 +27,11 @@ import shutil
 import sys
 import time
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 for p in (os.path.join(REPO, "tests"), REPO):
     if p not in sys.path:
         sys.path.insert(0, p)
+sys.path.append(os.path.join(REPO, "bench"))  # last: bench/tinyworld.py is no package
 
 from carnator_core import calibration as CAL  # noqa: E402
 from carnator_core import prompt_pairs as PP  # noqa: E402
