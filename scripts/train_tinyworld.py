@@ -9,7 +9,7 @@
 Language: ``--language broad`` draws ``--broad-share`` of the bank's captions from
 tinyworld.language's training families of revision 1, ``broad2`` from every training family
 (revision 2) (the rest stay world.caption()'s); the held-out
-families are for bench/phrasing.py only. The default, ``caption``, is the committed model's.
+families are for bench/studies/phrasing.py only. The default, ``caption``, is the committed model's.
 
 Curriculum / recipe options: ``--objects 1`` trains on the 1-object scenes of the bank only
 (and makes --eval use 1-object prompts); ``--p-high``/``--high-lo`` add samples at nearly pure
@@ -22,6 +22,14 @@ x_t = (1 - s) x0 + s noise, output = noise - x0, timestep = 1000 s; WAN21's samp
 8.0). Caption dropout (to the empty caption's encoding) makes classifier-free guidance work.
 Timesteps: a mixture of the shift-8 schedule the sampler uses (u ~ U(0,1), s = 8u/(1+7u))
 and uniform s, so both the early layout steps and the late detail steps are trained.
+
+Sizes: ``--sizes 2x16,4x32,8x48`` (frames x pixels, or ``all`` for world.SIZES) trains on a
+mix of sizes, one size per batch, in turn (``--size-order cycle``) or drawn at random
+(``random``), both fixed by the step number so a resume continues the same sequence; a size may
+carry its own batch (``8x48:16``). The default is the world's 4-frame 32-px clip only. The
+Wan model is size-agnostic (patch tokens with RoPE; the coordinate frames are normalised to
+the clip), so ``--init-from`` the bundled model and fine-tune. ``--eval-size 8x48`` evaluates
+at a size. scripts/train_tinyworld_multisize.sh is the multi-size model's recipe.
 
 Conditioning is tinyworld.text (all-MiniLM-L6-v2 states -> 4096) plus the fixed coordinate
 frames passed as ``concat_latent_image`` into 16 extra input channels (in_dim = 32; see
@@ -179,10 +187,10 @@ def second_captions(scenes, seed, language, broad_share):
     return [LANG.training_caption(s, rng, broad_share, language_families(language)) for s in scenes]
 
 
-def make_batch(bank, idx, rng_np, drop_p, with_masks=False):
+def make_batch(bank, idx, rng_np, drop_p, with_masks=False, frames=WD.T, size=WD.H):
     vids, masks = [], []
     for i in idx:
-        v, m = WD.render(bank.scenes[i], int(rng_np.randint(0, 2**31 - 1)))
+        v, m = WD.render(bank.scenes[i], int(rng_np.randint(0, 2**31 - 1)), frames=frames, size=size)
         vids.append(v)
         masks.append(m.any(0))
     x0 = LAT.encode(torch.stack(vids))
@@ -215,6 +223,27 @@ def motion_edge_weight(masks, weight):
     edge[:, 1:] |= m[:, 1:] ^ m[:, :-1]
     edge[:, :-1] |= m[:, :-1] ^ m[:, 1:]
     return weight * torch.nn.functional.max_pool3d(edge.float().unsqueeze(1), (1, 2, 2))
+
+
+def parse_size_mix(text, batch):
+    """``--sizes`` -> [(frames, pixels, batch)]: '2x16,4x32:24' (an optional per-size batch
+    after a colon; --batch otherwise), or 'all' for every size of world.SIZES."""
+    if text.strip() == "all":
+        return [(f, p, batch) for f, p in WD.SIZES]
+    out = []
+    for part in text.split(","):
+        size, _, b = part.partition(":")
+        (f, p), = WD.parse_sizes(size)
+        out.append((f, p, int(b) if b.strip() else batch))
+    return out
+
+
+def size_of_step(sizes, step, order, seed):
+    """The size of a step's batch: in turn, or drawn at random from the step number (so a
+    resume continues the same sequence)."""
+    if order == "cycle":
+        return sizes[step % len(sizes)]
+    return sizes[random.Random(f"size-{seed}-{step}").randrange(len(sizes))]
 
 
 def sample_sigmas(n, rng_np, p_shift=0.7, p_high=0.0, high_lo=0.9):
@@ -330,10 +359,13 @@ def train(a):
     pool = np.arange(len(bank.captions))
     if a.objects:  # curriculum: train on n-object scenes only (a filter of the same cached bank)
         pool = np.array([i for i, sc in enumerate(bank.scenes) if len(sc["objects"]) == a.objects])
-    print(f"params {nparam/1e6:.2f}M bank {len(bank.captions)} pool {len(pool)}", flush=True)
+    sizes = parse_size_mix(a.sizes, a.batch)
+    print(f"params {nparam/1e6:.2f}M bank {len(bank.captions)} pool {len(pool)} sizes "
+          + ",".join(f"{f}x{p}:{b}" for f, p, b in sizes) + f" ({a.size_order})", flush=True)
     step0 = state["step"]
     rng_np = np.random.RandomState(a.seed * 7919 + state["step"])
-    coords = LAT.coords(WD.T, WD.H // 2, WD.W // 2, batch=a.batch)
+    coords_of = {}
+    per_size = {}  # (frames, pixels) -> [losses, seconds] since the last log line
     proj = TXT.projection()
     t_start = time.time()
     t_last_ckpt = time.time()
@@ -343,6 +375,8 @@ def train(a):
     model.train()
     while time.time() < deadline and (a.steps <= 0 or state["step"] < a.steps):
         step = state["step"]
+        t_step = time.time()
+        frames, pixels, batch = size_of_step(sizes, step, a.size_order, a.seed)
         lr = a.lr * min(1.0, (step + 1) / a.warmup)
         if a.rewarm > 0:  # warm up again from the resume point (new lr / new optimizer moments)
             lr = min(lr, a.lr * (step - step0 + 1) / a.rewarm)
@@ -351,9 +385,9 @@ def train(a):
         if a.consistency > 0:
             # half the batch's scenes, each told twice (bank phrasing, second phrasing) with
             # the same clip, noise and sigma: the two predictions should be one prediction.
-            half = a.batch // 2
+            half = batch // 2
             idx = pool[rng_np.randint(0, len(pool), size=half)]
-            x0, st, masks = make_batch(bank, idx, rng_np, a.drop, with_masks=True)
+            x0, st, masks = make_batch(bank, idx, rng_np, a.drop, with_masks=True, frames=frames, size=pixels)
             st2 = bank.second_states[idx].float()
             dropped = (st == bank.empty).flatten(1).all(1)
             st2[dropped] = bank.empty
@@ -361,11 +395,15 @@ def train(a):
             sig = sample_sigmas(half, rng_np, a.p_shift, a.p_high, a.high_lo).repeat(2)
             noise = torch.from_numpy(rng_np.randn(*x0[:half].shape).astype(np.float32)).repeat(2, 1, 1, 1, 1)
         else:
-            idx = pool[rng_np.randint(0, len(pool), size=a.batch)]
-            x0, st, masks = make_batch(bank, idx, rng_np, a.drop, with_masks=True)
-            sig = sample_sigmas(a.batch, rng_np, a.p_shift, a.p_high, a.high_lo)
+            idx = pool[rng_np.randint(0, len(pool), size=batch)]
+            x0, st, masks = make_batch(bank, idx, rng_np, a.drop, with_masks=True, frames=frames, size=pixels)
+            sig = sample_sigmas(batch, rng_np, a.p_shift, a.p_high, a.high_lo)
             noise = torch.from_numpy(rng_np.randn(*x0.shape).astype(np.float32))
         ctx = st @ proj
+        key = (frames, pixels, x0.shape[0])
+        if key not in coords_of:
+            coords_of[key] = LAT.coords(frames, pixels // 2, pixels // 2, batch=x0.shape[0])
+        coords = coords_of[key]
         s5 = sig.view(-1, 1, 1, 1, 1)
         xt = (1 - s5) * x0 + s5 * noise
         target = noise - x0
@@ -394,15 +432,22 @@ def train(a):
             for k, v in model.state_dict().items():
                 ema[k].mul_(dec).add_(v.detach(), alpha=1 - dec)
         state["step"] += 1
-        state["samples"] += a.batch
+        state["samples"] += batch
         losses.append(loss.item())
+        ps = per_size.setdefault((frames, pixels), [[], 0.0, 0])
+        ps[0].append(loss.item())
+        ps[1] += time.time() - t_step
+        ps[2] += batch
         if time.time() - t_log > a.log_every:
             el = time.time() - t_start
             state["seconds_run"] = el
             print(f"step {state['step']} samples {state['samples']} loss {np.mean(losses):.4f} lr {lr:.2e} "
-                  f"{a.batch * len(losses) / (time.time() - t_log):.1f} samples/s"
+                  f"{sum(v[2] for v in per_size.values()) / (time.time() - t_log):.1f} samples/s"
                   + (f" phrasing gap {np.mean(consistency_gaps):.4f}" if consistency_gaps else ""), flush=True)
-            losses, consistency_gaps = [], []
+            if len(sizes) > 1:
+                print("  by size: " + "  ".join(f"{f}x{p} loss {np.mean(v[0]):.4f} {v[1] / len(v[0]):.2f}s/step"
+                                                 for (f, p), v in sorted(per_size.items())), flush=True)
+            losses, consistency_gaps, per_size = [], [], {}
             t_log = time.time()
         if time.time() - t_last_ckpt > a.ckpt_every:
             state["seconds"] = state.get("seconds", 0.0) + (time.time() - t_last_ckpt)
@@ -415,15 +460,18 @@ def train(a):
 
 
 # --------------------------------------------------------------------------- evaluation
-def comfy_generate(model_patcher, captions, seeds, steps=20, cfg=4.0, sampler="euler", scheduler="simple"):
-    """Generate with ComfyUI's own sampler path; returns pixel videos (N, 3, T, H, W)."""
+def comfy_generate(model_patcher, captions, seeds, steps=20, cfg=4.0, sampler="euler", scheduler="simple",
+                   frames=WD.T, size=WD.H):
+    """Generate with ComfyUI's own sampler path; returns pixel videos (N, 3, frames, size, size)."""
     import comfy.sample
-    neg = TXT.conditioning("")
+    frames, size = WD.check_size(frames, size)
+    neg = TXT.conditioning("", frames, size // 2, size // 2)
     vids = []
     for cap, seed in zip(captions, seeds):
-        latent = torch.zeros(1, 16, WD.T, WD.H // 2, WD.W // 2)
+        latent = torch.zeros(1, 16, frames, size // 2, size // 2)
         noise = comfy.sample.prepare_noise(latent, seed)
-        out = comfy.sample.sample(model_patcher, noise, steps, cfg, sampler, scheduler, TXT.conditioning(cap), neg,
+        out = comfy.sample.sample(model_patcher, noise, steps, cfg, sampler, scheduler,
+                                  TXT.conditioning(cap, frames, size // 2, size // 2), neg,
                                   latent, denoise=1.0, disable_pbar=True, seed=seed)
         vids.append(LAT.decode_comfy(out.float(), clamp=True)[0])
     return torch.stack(vids)
@@ -452,10 +500,12 @@ def evaluate(a):
         caps.append(WD.caption(s, rng))
         seeds.append(rng.randrange(2**31))
     t0 = time.time()
-    vids = comfy_generate(mp, caps, seeds, steps=a.eval_steps, cfg=a.cfg, sampler=a.sampler)
+    (frames, pixels), = WD.parse_sizes(a.eval_size)
+    vids = comfy_generate(mp, caps, seeds, steps=a.eval_steps, cfg=a.cfg, sampler=a.sampler, frames=frames,
+                          size=pixels)
     dt = time.time() - t0
     res = CH.evaluate(vids, scenes)
-    print(json.dumps({"n": a.eval, "cfg": a.cfg, "steps": a.eval_steps, "sampler": a.sampler,
+    print(json.dumps({"n": a.eval, "size": f"{frames}x{pixels}", "cfg": a.cfg, "steps": a.eval_steps, "sampler": a.sampler,
                       "seconds_per_video": dt / a.eval, **res["summary"]}, indent=1))
     by_n = {}
     for s, r in zip(scenes, res["per_video"]):
@@ -568,6 +618,11 @@ def main():
     p.add_argument("--consistency", type=float, default=0.0,
                    help="weight of a loss tying the predictions for two phrasings of one scene (same "
                         "clip, noise and sigma) together; half the batch's scenes, each told twice (issue 13)")
+    p.add_argument("--sizes", default=f"{WD.T}x{WD.H}",
+                   help="training sizes, frames x pixels, one per batch: '2x16,4x32,8x48' (a size may carry "
+                        "its own batch: '8x48:16'), or 'all' (world.SIZES); default the world's 4x32")
+    p.add_argument("--size-order", choices=("cycle", "random"), default="cycle",
+                   help="the sizes in turn, or one drawn at random per step (both fixed by the step number)")
     p.add_argument("--bf16", action="store_true")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--ckpt-every", type=float, default=180)
@@ -584,6 +639,7 @@ def main():
                         "(0: training uses the whole bank, eval alternates)")
     p.add_argument("--cfg", type=float, default=4.0)
     p.add_argument("--eval-steps", type=int, default=20)
+    p.add_argument("--eval-size", default=f"{WD.T}x{WD.H}", help="frames x pixels of the --eval videos")
     p.add_argument("--sampler", default="euler")
     p.add_argument("--eval-seed", type=int, default=12345)
     p.add_argument("--save-png", default=None)

@@ -12,6 +12,14 @@ Works in pixel space on (3, T, H, W) videos in [0, 1] (``latent.decode`` output)
    IoU against the per-frame masks, searched over small offsets around the centroid.
 4. :func:`compare` matches caption objects to detected objects (the assignment with fewest
    disagreements) and reports per-attribute agreement plus the object count.
+
+Any size the world renders (``world.render(frames=, size=)``; read from the video's shape):
+the pixel thresholds scale with the size (``MIN_PIXELS`` by the shapes' area, the templates as the
+world draws them, their offset search by the length), and ``MIN_SPEED`` is a share of the speed the world
+gives an object at that size and frame count (0.5 px/frame at 4 frames, 32 px). Ground-truth
+renders are judged right on every attribute at every size of ``world.SIZES``
+(tests/test_tinyworld_sizes.py); at 16 px the shapes are 6 to 7 px across (the world's floor
+of 3/4 scale), so a denoiser's small shape errors there weigh more than at 32 or 48 px.
 """
 from __future__ import annotations
 
@@ -56,9 +64,20 @@ def _largest_component(m: np.ndarray) -> np.ndarray:
     return lab == best
 
 
-def _shape_of(masks: np.ndarray, cents) -> (str, Dict[str, float]):
+def min_pixels(size: int = WD.H) -> float:
+    return MIN_PIXELS * WD.shape_scale(size) ** 2
+
+
+def min_speed(frames: int = WD.T, size: int = WD.H) -> float:
+    """The speed (px/frame) below which an object is static: MIN_SPEED at the default size,
+    the same share of the world's speed (``SPAN * size / 32 / (frames - 1)``) at any other."""
+    return MIN_SPEED * (WD.SPAN * WD.scale_of(size) / (frames - 1)) / WD.STEP
+
+
+def _shape_of(masks: np.ndarray, cents, size: int = WD.H) -> (str, Dict[str, float]):
     scores = {}
-    offs = np.arange(-1.5, 1.51, 0.5)
+    k = WD.scale_of(size)
+    offs = np.arange(-1.5, 1.51, 0.5) * k
     for shape in WD.SHAPES:
         tot = 0.0
         for t, m in enumerate(masks):
@@ -66,11 +85,11 @@ def _shape_of(masks: np.ndarray, cents) -> (str, Dict[str, float]):
                 continue
             cx, cy = cents[t]
             if shape == "triangle":
-                cy = cy - 1.2  # centroid of an apex-up triangle sits below its box centre
+                cy = cy - 1.2 * WD.shape_scale(size)  # centroid of an apex-up triangle sits below its box centre
             best = 0.0
             for dx in offs:
                 for dy in offs:
-                    tm = WD.shape_mask(shape, cx + dx, cy + dy)
+                    tm = WD.shape_mask(shape, cx + dx, cy + dy, size)
                     inter = np.logical_and(tm, m).sum()
                     union = np.logical_or(tm, m).sum()
                     best = max(best, inter / max(union, 1))
@@ -80,11 +99,14 @@ def _shape_of(masks: np.ndarray, cents) -> (str, Dict[str, float]):
 
 
 def detect(video) -> List[dict]:
-    """Objects found in a video: [{"colour", "shape", "position", "motion", "pixels", ...}]."""
+    """Objects found in a video (3, T, S, S) of any size the world renders: [{"colour", "shape",
+    "position", "motion", "pixels", ...}]."""
     if isinstance(video, torch.Tensor):
         video = video.detach().float().cpu().numpy()
     v = np.asarray(video, dtype=np.float32)
     c, t, h, w = v.shape
+    if h != w:
+        raise ValueError(f"checker: the tiny world's frames are square, got {h}x{w}")
     pix = v.transpose(1, 2, 3, 0)  # (T, H, W, 3)
     d = np.linalg.norm(pix[..., None, :] - _PALETTE[None, None, None], axis=-1)  # (T,H,W,K)
     lab = d.argmin(-1)
@@ -94,7 +116,7 @@ def detect(video) -> List[dict]:
         if k == 0:
             continue
         masks = lab == k
-        if masks.sum() / t < MIN_PIXELS:
+        if masks.sum() / t < min_pixels(h):
             continue
         masks = np.stack([_largest_component(m) for m in masks])
         cents = []
@@ -116,13 +138,13 @@ def detect(video) -> List[dict]:
             vy = np.polyfit(ts, cents_a[ok, 1], 1)[0]
         else:
             vx = vy = 0.0
-        if max(abs(vx), abs(vy)) < MIN_SPEED:
+        if max(abs(vx), abs(vy)) < min_speed(t, h):
             motion = "static"
         elif abs(vx) >= abs(vy):
             motion = "right" if vx > 0 else "left"
         else:
             motion = "down" if vy > 0 else "up"
-        shape, scores = _shape_of(masks, cents)
+        shape, scores = _shape_of(masks, cents, h)
         objs.append({"colour": name, "shape": shape, "position": position, "motion": motion,
                      "pixels": float(masks.sum() / t), "centroid": (float(mx), float(my)),
                      "velocity": (float(vx), float(vy)), "shape_scores": scores})

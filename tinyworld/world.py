@@ -10,6 +10,16 @@ travels) is a coarse, global property of the whole clip: the denoiser has to com
 in its first, high-noise steps. Colour and shape are decided later (fine detail).
 
 Videos are float32 tensors (3, T, H, W) in [0, 1] on a plain grey background.
+
+Sizes: :func:`render` draws the same scene at any number of frames (``frames`` >= 2) and any
+square size in pixels that the latent and the Wan patch allow (``size`` a multiple of 4: the
+latent halves it and the 1x2x2 patch halves it again), by default the 4-frame 32-px clip
+(bit for bit the world's original behaviour). The scene is one continuous picture sampled
+at that resolution: positions, shapes and jitter scale with ``size / 32`` (shapes no smaller
+than 3/4 of their 32-px size, see :func:`shape_scale`) and the motion spans
+the same fraction of the frame over the clip whatever the number of frames (3/16 of the
+width, 6 px at 32 px), so more frames are a higher frame rate, not a longer journey.
+:data:`SIZES` are the proxy sizes the multi-size model is trained on.
 """
 from __future__ import annotations
 
@@ -24,7 +34,8 @@ import torch
 T = 4
 H = 32
 W = 32
-STEP = 2.0  # pixels per frame
+STEP = 2.0  # pixels per frame at the default size (4 frames, 32 px)
+SPAN = STEP * (T - 1)  # pixels an object travels over a clip at 32 px, at any number of frames
 BACKGROUND = (0.5, 0.5, 0.5)
 
 COLOURS: Dict[str, Tuple[float, float, float]] = {
@@ -107,55 +118,119 @@ def scene_key(scene: dict) -> tuple:
     return tuple(sorted((o["position"], o["colour"], o["shape"], o["motion"]) for o in scene["objects"]))
 
 
+# --------------------------------------------------------------------------- sizes
+FRAMES = (2, 4, 6, 8)  # the multi-size model's frame counts
+PIXELS = (16, 32, 48)  # and square sizes in pixels
+SIZES = tuple((f, p) for f in FRAMES for p in PIXELS)
+
+
+def check_size(frames: int = T, size: int = H) -> Tuple[int, int]:
+    """(frames, size) as ints, or ValueError: frames >= 2 (motion needs two frames), size a
+    positive multiple of 4 (pixels -> latent halves it, the Wan patch 1x2x2 halves it again)."""
+    f, p = int(frames), int(size)
+    if f != frames or p != size or f < 2 or p < 4 or p % 4:
+        raise ValueError(f"tiny-world size {frames} frames x {size} px: frames must be an integer >= 2 and "
+                         f"the size a multiple of 4 px (the latent halves it, the Wan patch 1x2x2 again)")
+    return f, p
+
+
+def parse_sizes(text: str) -> List[Tuple[int, int]]:
+    """'2x16,4x32,8x48' (frames x pixels) -> [(2, 16), (4, 32), (8, 48)]; 'all' -> SIZES."""
+    if text.strip() == "all":
+        return list(SIZES)
+    out = []
+    for part in text.split(","):
+        m = re.fullmatch(r"\s*(\d+)\s*x\s*(\d+)\s*", part)
+        if not m:
+            raise ValueError(f"size {part!r}: write FRAMESxPIXELS, e.g. 4x32")
+        out.append(check_size(int(m.group(1)), int(m.group(2))))
+    return out
+
+
+MIN_SHAPE_SCALE = 0.75  # shapes are never drawn smaller than 3/4 of their 32-px size
+
+
+def scale_of(size: int = H) -> float:
+    """Length scale of a size relative to the default 32 px (positions, motion, jitter)."""
+    return size / float(H)
+
+
+def shape_scale(size: int = H) -> float:
+    """Scale of the shapes at a size: ``scale_of(size)``, but at least ``MIN_SHAPE_SCALE`` -- at
+    half scale (16 px) a circle of radius 2.3 px and a 4-px square cover the same pixels
+    whenever the centre falls on a pixel corner, so no one (checker or model) could tell them
+    apart; at 3/4 scale they differ on every frame."""
+    return max(scale_of(size), MIN_SHAPE_SCALE)
+
+
 # --------------------------------------------------------------------------- rendering
-_YY, _XX = np.meshgrid(np.arange(H, dtype=np.float32) + 0.5, np.arange(W, dtype=np.float32) + 0.5, indexing="ij")
+def _grid(size: int):
+    ax = np.arange(size, dtype=np.float32) + 0.5
+    return np.meshgrid(ax, ax, indexing="ij")
 
 
-def shape_mask(shape: str, cx: float, cy: float) -> np.ndarray:
-    """Binary (H, W) mask of a shape centred at (cx, cy) pixels."""
-    dx = _XX - cx
-    dy = _YY - cy
+_YY, _XX = _grid(H)
+_GRIDS = {H: (_YY, _XX)}
+
+
+def shape_mask(shape: str, cx: float, cy: float, size: int = H) -> np.ndarray:
+    """Binary (size, size) mask of a shape centred at (cx, cy) pixels, drawn at
+    :func:`shape_scale` of its 32-px dimensions (square 8 px, circle radius 4.6 px, triangle
+    base 10 px)."""
+    if size not in _GRIDS:
+        _GRIDS[size] = _grid(size)
+    yy, xx = _GRIDS[size]
+    k = shape_scale(size)
+    dx = xx - cx
+    dy = yy - cy
     if shape == "square":
-        return (np.abs(dx) <= 4.0) & (np.abs(dy) <= 4.0)
+        return (np.abs(dx) <= 4.0 * k) & (np.abs(dy) <= 4.0 * k)
     if shape == "circle":
-        return dx * dx + dy * dy <= 4.6 ** 2
-    if shape == "triangle":  # apex up, base 10 px, height 9 px
-        top, bottom = -4.5, 4.5
+        return dx * dx + dy * dy <= (4.6 * k) ** 2
+    if shape == "triangle":  # apex up, base 10 px, height 9 px (at 32 px)
+        top, bottom = -4.5 * k, 4.5 * k
         inside_y = (dy >= top) & (dy <= bottom)
-        half_w = 5.0 * (dy - top) / (bottom - top)
+        half_w = 5.0 * k * (dy - top) / (bottom - top)
         return inside_y & (np.abs(dx) <= half_w)
     raise ValueError(shape)
 
 
-def object_track(obj: dict, jitter: Tuple[float, float] = (0.0, 0.0)) -> List[Tuple[float, float]]:
-    """Centre (x, y) of an object in each frame."""
+def object_track(obj: dict, jitter: Tuple[float, float] = (0.0, 0.0), frames: int = T,
+                 size: int = H) -> List[Tuple[float, float]]:
+    """Centre (x, y) of an object in each frame. ``jitter`` is in pixels of this size. The
+    object travels ``SPAN * size / 32`` pixels over the clip, whatever the number of frames."""
+    k = scale_of(size)
     cx, cy = POSITION_CENTRES[obj["position"]]
-    cx += jitter[0]
-    cy += jitter[1]
+    cx = cx * k + jitter[0]
+    cy = cy * k + jitter[1]
     vx, vy = MOTION_VECTORS[obj["motion"]]
+    step = SPAN * k / (frames - 1)  # STEP at the default size
     out = []
-    for t in range(T):
-        off = (t - (T - 1) / 2.0) * STEP
+    for t in range(frames):
+        off = (t - (frames - 1) / 2.0) * step
         out.append((cx + vx * off, cy + vy * off))
     return out
 
 
-def render(scene: dict, seed: int = 0, jitter: bool = True):
-    """Render a scene.
+def render(scene: dict, seed: int = 0, jitter: bool = True, frames: int = T, size: int = H):
+    """Render a scene at ``frames`` x ``size`` x ``size`` (default 4 x 32 x 32).
 
-    Returns (video (3, T, H, W) float32 in [0, 1], masks (n_objects, T, H, W) bool).
-    ``seed`` only drives the small per-object position jitter (±1 px).
+    Returns (video (3, frames, size, size) float32 in [0, 1], masks (n_objects, frames, size,
+    size) bool). ``seed`` only drives the small per-object position jitter (±1 px at 32 px,
+    scaled with the size; the same draws at every size).
     """
+    frames, size = check_size(frames, size)
+    k = scale_of(size)
     rng = np.random.RandomState(seed & 0x7FFFFFFF)
-    video = np.empty((3, T, H, W), dtype=np.float32)
+    video = np.empty((3, frames, size, size), dtype=np.float32)
     for c in range(3):
         video[c] = BACKGROUND[c]
-    masks = np.zeros((len(scene["objects"]), T, H, W), dtype=bool)
+    masks = np.zeros((len(scene["objects"]), frames, size, size), dtype=bool)
     for i, obj in enumerate(scene["objects"]):
-        jit = tuple(float(v) for v in rng.randint(-1, 2, size=2)) if jitter else (0.0, 0.0)
+        jit = tuple(float(v) * k for v in rng.randint(-1, 2, size=2)) if jitter else (0.0, 0.0)
         col = COLOURS[obj["colour"]]
-        for t, (cx, cy) in enumerate(object_track(obj, jit)):
-            m = shape_mask(obj["shape"], cx, cy)
+        for t, (cx, cy) in enumerate(object_track(obj, jit, frames, size)):
+            m = shape_mask(obj["shape"], cx, cy, size)
             masks[i, t] = m
             for c in range(3):
                 video[c, t][m] = col[c]
@@ -339,12 +414,12 @@ def make_pair(kind: str, seed: int) -> dict:
     raise ValueError(kind)
 
 
-def sample(seed: int, n_objects: int | None = None, paraphrase: bool = True):
+def sample(seed: int, n_objects: int | None = None, paraphrase: bool = True, frames: int = T, size: int = H):
     """One training/eval example: (video, scene, caption, masks), deterministic from seed."""
     rng = random.Random(seed)
     scene = random_scene(rng, n_objects)
     text = caption(scene, rng) if paraphrase else caption(scene, canonical=True)
-    video, masks = render(scene, seed)
+    video, masks = render(scene, seed, frames=frames, size=size)
     return video, scene, text, masks
 
 
