@@ -64,12 +64,12 @@ def test_the_calibration_names_the_finish_each_class_was_also_measured_with():
 
 def _certified(same_full=None, same_guided=None):
     """A risk model whose same-scene class is certified as a depth cap per finish."""
-    thresholds = {"other": {"0.05": -100.0}}  # no edit is reused
+    thresholds = {"other": {"0.05": -50.0}}  # no edit is reused
     if same_full is not None:
         thresholds["same_scene"] = {"0.05": same_full}
     if same_guided is not None:
         thresholds["same_scene:guided"] = {"0.05": same_guided}
-    return RiskModel(thresholds=thresholds, confidence=0.9, finish_calls={"same_scene": 3})
+    return RiskModel(calibrated=True, thresholds=thresholds, confidence=0.9, finish_calls={"same_scene": 3})
 
 
 def _decide_same_scene(model, guided=True, depths=(16, 14, 12, 10, 8, 6, 4)):
@@ -157,11 +157,12 @@ def _hit_plan(requests_in, model, risk_model, stored_model=None, **gate):
 
 
 def _calibrated(finish_calls):
-    # every reuse certified (+inf thresholds) for both finishes of the named classes: the
-    # tiny random model's related prompt is "other" evidence (the class rule is tested above)
-    thresholds = {k: {"0.5": 1e9} for k in ("same_scene", "other")}
-    thresholds.update({f"{k}:guided": {"0.5": 1e9} for k in finish_calls})
-    return RiskModel(thresholds=thresholds, confidence=0.9, finish_calls=finish_calls)
+    # every reuse certified (the widest thresholds a calibration file may hold: every depth
+    # share, the logit's clamp) for both finishes of the named classes: the tiny random
+    # model's related prompt is "other" evidence (the class rule is tested above)
+    thresholds = {k: {"0.5": 1.0 if k == "same_scene" else 50.0} for k in ("same_scene", "other")}
+    thresholds.update({f"{k}:guided": {"0.5": 1.0 if k == "same_scene" else 50.0} for k in finish_calls})
+    return RiskModel(calibrated=True, thresholds=thresholds, confidence=0.9, finish_calls=finish_calls)
 
 
 def test_a_hit_with_a_certified_finish_computes_only_its_calls(tiny_models, requests_in):

@@ -22,8 +22,8 @@ def _signature(tiles):
 
 def _certified():
     """Every depth certified for both classes; same-scene hits may run a 3-call guided finish."""
-    thresholds = {k: {"0.05": 1e9} for k in ("same_scene", "other", "same_scene:guided")}
-    return RiskModel(thresholds=thresholds, confidence=0.9, finish_calls={"same_scene": 3},
+    thresholds = {k: {"0.05": 50.0 if k == "other" else 1.0} for k in ("same_scene", "other", "same_scene:guided")}
+    return RiskModel(calibrated=True, thresholds=thresholds, confidence=0.9, finish_calls={"same_scene": 3},
                      region_threshold=0.35)
 
 
@@ -59,7 +59,8 @@ def _sources_after(requests_in, model, min_saving):
     from carnator_core import pipeline
     from carnator_core.calibration import save
     from carnator_core.comfy_adapter import model_fingerprint
-    save(RiskModel(thresholds={k: {"0.5": 1e9} for k in ("same_scene", "other")}, confidence=0.9),
+    save(RiskModel(calibrated=True, thresholds={"same_scene": {"0.5": 1.0}, "other": {"0.5": 50.0}},
+                   confidence=0.9),
          requests_in.cache_folder, model_fingerprint(model))
     requests_in.settings.gate = GateSettings(risk_budget=0.5, max_depth=0.5, min_saving=min_saving)
     _, first = requests_in(model, "wan21", PROMPT)
@@ -87,7 +88,7 @@ def test_under_min_saving_the_request_runs_in_full_and_becomes_a_source(tiny_mod
 def test_the_source_study_tells_why_a_hit_resumed_another_scene():
     import sys
     from pathlib import Path
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench" / "studies"))
     from source_study import study
     scene = {name: {"objects": [{"shape": name}]} for name in "ABC"}
     line = lambda s, seed=200_000: {"scene": scene[s], "seed": seed, "seed_policy": "shared_noise"}  # noqa: E731

@@ -51,7 +51,8 @@ def _session(requests_in, model, recurring, policy="same_seed"):
     from carnator_core.comfy_adapter import model_fingerprint
     # both classes certified at every depth: every-step finish, so a same-scene reuse
     # (no region M to fill) saves more than an edit's (M filled in two steps)
-    save(RiskModel(thresholds={k: {"0.5": 1e9} for k in ("same_scene", "other")}, confidence=0.9),
+    save(RiskModel(calibrated=True, thresholds={"same_scene": {"0.5": 1.0}, "other": {"0.5": 50.0}},
+                   confidence=0.9),
          requests_in.cache_folder, model_fingerprint(model))
     requests_in.settings.gate = GateSettings(risk_budget=0.5, max_depth=0.5,
                                              recurring_sources=recurring)

@@ -108,8 +108,8 @@ def test_the_calibration_names_the_classes_measured_with_a_region_finish():
 def test_a_hit_with_a_certified_region_finish_computes_m_alone_between_its_calls(tiny_models, requests_in):
     from carnator_core.gate import RiskModel, evidence_class
     from test_guided_finish import RELATED, _hit_plan
-    model = RiskModel(thresholds={"same_scene": {"0.5": 1e9}, "other": {"0.5": 1e9},
-                                  "other:guided": {"0.5": 1e9}},
+    model = RiskModel(calibrated=True, thresholds={"same_scene": {"0.5": 1.0}, "other": {"0.5": 50.0},
+                                  "other:guided": {"0.5": 50.0}},
                       confidence=0.9, finish_calls={"other": 3}, finish_region={"other": True})
     pipeline, pr, plan = _hit_plan(requests_in, tiny_models["wan21"], model)
     assert evidence_class(plan.features) == "other" and plan.finish_calls == 3 and plan.finish_region
@@ -134,7 +134,7 @@ def test_a_region_finish_starts_only_where_its_calls_are_every_other_step():
     # the gate's rule in the calibration: a region finish certified everywhere is taken at
     # the deepest allowed depth, and never below the floor even where it is the only option
     edit = {"outside_mean": 0.1, "outside_max": 0.5, "region_fraction": 0.2, "similarity_gap": 0.1}
-    model = RiskModel(thresholds={"other": {"0.5": -1e9}, "other:guided": {"0.5": 1e9}},
+    model = RiskModel(calibrated=True, thresholds={"other": {"0.5": -50.0}, "other:guided": {"0.5": 50.0}},
                       confidence=0.9, finish_calls={"other": 6}, finish_region={"other": True})
     inst = {"features": edit, "depths": [
         {"k": k, "depth_fraction": k / 20, "label": 0, "finish_calls": 6, "region_steps": 1, "token_share": 0.2}
@@ -158,7 +158,7 @@ def test_a_region_finish_keeps_its_share_of_the_trajectory_and_its_call_density_
     assert finish_calls_at(18, 30, 4, True) == 6 and finish_calls_at(30, 50, 4, True) == 10
     assert finish_calls_at(30, 50, 4, False) == 4  # the plain guided finish keeps its calls
     edit = {"outside_mean": 0.1, "outside_max": 0.5, "region_fraction": 0.2, "similarity_gap": 0.1}
-    certified = dict(thresholds={"other": {"0.5": 1e9}, "other:guided": {"0.5": 1e9}}, confidence=0.9,
+    certified = dict(calibrated=True, thresholds={"other": {"0.5": 50.0}, "other:guided": {"0.5": 50.0}}, confidence=0.9,
                      finish_calls={"other": 4}, finish_region={"other": True})
     for measured, calls in ((20, 6), (0, 0)):
         model = RiskModel(measured_steps=measured, **certified)
@@ -267,7 +267,7 @@ def test_a_hit_fills_m_as_its_calibration_measured(tiny_models, requests_in):
     M that way — its full calls in the steps computed, its calls on M's tokens apart."""
     from test_guided_finish import _hit_plan
     from carnator_core.gate import RiskModel
-    model = RiskModel(thresholds={"same_scene": {"0.5": 1e9}, "other": {"0.5": 1e9}},
+    model = RiskModel(calibrated=True, thresholds={"same_scene": {"0.5": 1.0}, "other": {"0.5": 50.0}},
                       confidence=0.9, region_fill_on_m=True)
     pipeline, pr, plan = _hit_plan(requests_in, tiny_models["wan21"], model)
     assert plan.region_fraction > 0, "the related prompt must leave a region M to compute"
@@ -360,7 +360,7 @@ def test_a_hit_widens_m_as_its_calibration_measured(tiny_models, requests_in):
     from carnator_core.gate import RiskModel, evidence_class
     from carnator_core.signature import tiles_to_latent_mask, widen_tiles
     from test_guided_finish import _hit_plan
-    model = RiskModel(thresholds={"same_scene": {"0.5": 1e9}, "other": {"0.5": 1e9}},
+    model = RiskModel(calibrated=True, thresholds={"same_scene": {"0.5": 1.0}, "other": {"0.5": 50.0}},
                       confidence=0.9, region_fill_on_m=True, region_margin=1)
     # (the tiny random model's M is sparse and the widened one half the frame: the test is
     # about which tokens are computed, so any saving will do)
@@ -385,7 +385,7 @@ def test_the_gate_plans_no_region_finish_where_m_covers_the_whole_frame():
     only there, tests/test_calibration_audit.py)."""
     from carnator_core.gate import RiskModel, _cheapest_acceptable
     edit = {"outside_mean": 0.1, "outside_max": 0.5, "region_fraction": 0.2, "similarity_gap": 0.1}
-    model = RiskModel(thresholds={"other": {"0.5": -1e9}, "other:guided": {"0.5": 1e9}},
+    model = RiskModel(calibrated=True, thresholds={"other": {"0.5": -50.0}, "other:guided": {"0.5": 50.0}},
                       confidence=0.9, finish_calls={"other": 4}, finish_region={"other": True})
     part = torch.zeros(16, dtype=torch.bool)
     part[:4] = True
