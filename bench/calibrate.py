@@ -36,7 +36,7 @@ for p in (os.path.join(REPO, "tests"), REPO):
     if p not in sys.path:
         sys.path.insert(0, p)
 
-from carnator_core import calibration as CAL  # noqa: E402
+from carnator_core.calibration import fit as CAL  # noqa: E402
 from carnator_core.gate import RISK_FORMS  # noqa: E402
 
 RESULTS = os.path.join(REPO, "bench", "results")
@@ -77,11 +77,11 @@ def with_same_scene_from(measured: list[dict], base: list[dict]) -> list[dict]:
 
 def measure_pairs(world, lines: list[dict], settings, psnr_bound: float, region_threshold: float,
                   log=print, finishes=None) -> list[dict]:
-    """Instances (see carnator_core.calibration) for every pair, both directions: the
-    generic measurement (carnator_core.self_calibration) labelled with the checker too;
+    """Instances (see carnator_core.calibration.fit) for every pair, both directions: the
+    generic measurement (carnator_core.calibration.generic) labelled with the checker too;
     ``finishes`` as ``measure_direction`` takes it (None: every step and the guided finish)."""
     from bench_tw import check_ok, psnr
-    from carnator_core.self_calibration import measure_direction
+    from carnator_core.calibration.generic import measure_direction
     steps = world.steps
     p = settings.probe_steps(steps)
     snaps = settings.snapshot_steps(steps)
@@ -200,7 +200,7 @@ def main(argv=None) -> dict:
                          "bench/studies/region_finish_study.py)")
     ap.add_argument("--other-finish-region", action="store_true",
                     help="with --other-finish-calls: compute region M's tokens between the calls "
-                         "(ReuseSettings.other_finish_region, carnator_core/region_compute.py)")
+                         "(ReuseSettings.other_finish_region, carnator_core/reuse/region_compute.py)")
     ap.add_argument("--same-scene-finish-calls", type=int, default=None,
                     help="model calls of the same-scene reuses' guided finish "
                          "(ReuseSettings.same_scene_finish_calls, default 4)")

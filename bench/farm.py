@@ -40,7 +40,7 @@ def worker(location: str, lines: list[dict], local: str) -> list[dict]:
     from carnator_core.comfy_adapter import run_request
     from carnator_core.gate import GateSettings
     from carnator_core.pipeline import ReuseSettings
-    from carnator_core.sparse_reuse import SparseSettings
+    from carnator_core.reuse.sparse_reuse import SparseSettings
     model_file = default_risk_model(world.fingerprint)
     if model_file:  # the same calibrated gate in both modes, read from the local folder
         dst = Path(local) / "calibration" / Path(model_file).name
@@ -93,7 +93,7 @@ def leave_one_out_recall(url: str) -> dict:
     entries computed in full are candidates, as in every lookup."""
     import numpy as np
     import torch
-    from carnator_core.cache_backend import open_cache
+    from carnator_core.cache.backend import open_cache
     cache = open_cache(url, None)
     with cache._tx() as cur:
         cur.execute("SELECT e.id, e.class_key, coalesce(e.source_entry, '') = '', s.signature "

@@ -122,7 +122,7 @@ def fill(cache, world: World, queries: np.ndarray) -> np.ndarray:
 
 
 def open_backend(backend: str, where: str, capacity: int):
-    from carnator_core.cache_backend import open_cache
+    from carnator_core.cache.backend import open_cache
     return open_cache(where, capacity)
 
 

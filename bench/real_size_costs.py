@@ -185,9 +185,9 @@ HIT = ["hit_load", "hit_unpack_per_step"]
 
 
 def measure(name, size, device, core_is_new, sample_layers):
-    from carnator_core.cache import TrajectoryCache
+    from carnator_core.cache.folder import TrajectoryCache
     from carnator_core.pipeline import ReuseSettings, TrajectoryRecord
-    from carnator_core.sparse_reuse import AttentionPlan, Connectivity, SparseSettings
+    from carnator_core.reuse.sparse_reuse import AttentionPlan, Connectivity, SparseSettings
 
     settings = ReuseSettings()
     probe_steps, last = settings.probe_steps(STEPS), settings.probe_steps(STEPS) - 1
@@ -275,7 +275,7 @@ def measure(name, size, device, core_is_new, sample_layers):
         r["snapshot_bytes"] = sum(x.numel() * x.element_size() for key, x in tensors.items()
                                   if key.startswith(("snapshot.", "final")))
         if core_is_new:  # what the other formats would store (the file holds ~the tensor bytes)
-            from carnator_core.entry_precision import ENTRY_DTYPES
+            from carnator_core.cache.precision import ENTRY_DTYPES
             other = r["entry_bytes"] - r["snapshot_bytes"]
             r["entry_bytes_by_format"] = {}
             for fmt in ENTRY_DTYPES:
@@ -321,7 +321,7 @@ def main():
     args = ap.parse_args()
     sys.path.insert(0, str(Path(args.before).resolve()) if args.before else str(REPO))
     import carnator_core
-    from carnator_core import sparse_reuse
+    from carnator_core.reuse import sparse_reuse
     core_is_new = hasattr(sparse_reuse.AttentionPlan, "capture_pooled")
     torch.set_grad_enabled(False)
     torch.set_num_threads(args.threads)

@@ -24,8 +24,8 @@ import torch.nn.functional as F
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from carnator_core.connectivity import mask_density, num_blocks  # noqa: E402
-from carnator_core.sparse_attention import (  # noqa: E402
+from carnator_core.reuse.connectivity import mask_density, num_blocks  # noqa: E402
+from carnator_core.reuse.sparse_attention import (  # noqa: E402
     backend_report, select_backend, sparse_attention, sparse_call_counts)
 
 # (tokens, heads, head_dim, repeats)

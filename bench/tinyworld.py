@@ -54,7 +54,7 @@ for p in (os.path.join(REPO, "tests"), REPO):  # REPO first: the tinyworld packa
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from carnator_core.risk_control import clopper_pearson_lower, clopper_pearson_upper  # noqa: E402
+from carnator_core.calibration.risk_control import clopper_pearson_lower, clopper_pearson_upper  # noqa: E402
 
 DEFAULT_MODEL = os.path.join(REPO, "models", "tinyworld", "carnator_tinyworld_wan21.safetensors")
 WORKLOADS = os.path.join(REPO, "bench", "workloads")
@@ -168,7 +168,7 @@ class World:
 
     def full(self, prompt: str, seed: int, policy: str, snapshot_steps=(), probe_steps: int = 2) -> dict:
         """The request computed in full, with its trajectory recorded (snapshots, tiles)."""
-        from carnator_core.self_calibration import compute_full
+        from carnator_core.calibration.generic import compute_full
         t0 = time.perf_counter()
         run = self.new_run(prompt, seed, policy)
         got = compute_full(run, list(snapshot_steps), probe_steps)
@@ -456,7 +456,7 @@ def run_carnator(world: World, lines, refs, budget, risk_model_path, psnr_bound,
     from carnator_core.comfy_adapter import run_request
     from carnator_core.gate import DEFAULT_PROBE_FRACTION, GateSettings, calibration_file
     from carnator_core.pipeline import ReuseSettings
-    from carnator_core.sparse_reuse import SparseSettings
+    from carnator_core.reuse.sparse_reuse import SparseSettings
     folder = os.path.join(workdir, f"carnator_{budget:g}")
     shutil.rmtree(folder, ignore_errors=True)
     os.makedirs(folder)

@@ -77,8 +77,8 @@ def attention_op(cfg: dict, device, sync, densities=(0.25, 0.5), repeats=3) -> d
     """Self-attention of one layer at the model's size: dense SDPA vs block-sparse per backend."""
     import torch
     import torch.nn.functional as F
-    from carnator_core import sparse_attention as sa
-    from carnator_core.sparse_reuse import block_size_for
+    from carnator_core.reuse import sparse_attention as sa
+    from carnator_core.reuse.sparse_reuse import block_size_for
     tokens = math.prod(cfg["latent"][2:]) // 4
     heads, head_dim = cfg["num_heads"], cfg["dim"] // cfg["num_heads"]
     bs = block_size_for(tokens)
@@ -134,7 +134,7 @@ def main() -> int:
     import torch
     import comfy.model_management as mm
     from request_flow import Requests  # the same request flow the tests drive
-    from carnator_core.sparse_attention import backend_report, select_backend
+    from carnator_core.reuse.sparse_attention import backend_report, select_backend
 
     started = time.perf_counter()
     device = mm.get_torch_device()
@@ -210,8 +210,8 @@ def main() -> int:
     # sparse call compiles the kernel and is timed on its own
     run = requests.run_obj(model, "wan21", RELATED, shape=cfg["latent"])
     from carnator_core.pipeline import TrajectoryRecord
-    from carnator_core.sparse_reuse import CONNECTIVITY_KEYS, Connectivity
-    from carnator_core.cache import TrajectoryCache
+    from carnator_core.reuse.sparse_reuse import CONNECTIVITY_KEYS, Connectivity
+    from carnator_core.cache.folder import TrajectoryCache
     k = summary.reuse_step
     record = TrajectoryRecord(run, [k])
     run.sample(0, k + 1, None, record.on_step)

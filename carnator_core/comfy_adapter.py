@@ -27,12 +27,13 @@ import comfy.sample
 import comfy.samplers
 import comfy.utils
 
-from . import experts
+from .cache.location import set_default_folder
+from .reuse import experts
 from .keys import CompatibilityClass, digest, sigma_schedule_digest, tensor_digest, weight_digest
-from .joint_order import TEXT_FIRST, OrderProbe, moved_image
-from .region_compute import RegionCompute, token_index
+from .reuse.joint_order import TEXT_FIRST, OrderProbe, moved_image
+from .reuse.region_compute import RegionCompute, token_index
 from .signature import VIDEO_PATCHES
-from .sparse_reuse import AttentionPlan, SparseSettings
+from .reuse.sparse_reuse import AttentionPlan, SparseSettings
 
 log = logging.getLogger("carnator")
 
@@ -299,6 +300,29 @@ def prompt_text_of(prompt_graph: dict | None, node_id: str | None, input_name: s
     return ""
 
 
+MODEL_FILE_INPUTS = ("unet_name", "ckpt_name", "model_name")  # UNETLoader, checkpoint loaders
+
+
+def model_file_names(prompt_graph: dict | None, node_id: str | None, depth: int = 12) -> list[str]:
+    """The file names a person loaded for a node's model (and a Wan 2.2 pair's second
+    expert), read from ComfyUI's prompt: follow ``model`` links through patch nodes (LoRA,
+    EasyCache, …) to the loader. [] where none can be found."""
+    names = []
+    node = (prompt_graph or {}).get(str(node_id)) if isinstance(prompt_graph, dict) else None
+    for input_name in ("model", "low_noise_model"):
+        link = (node or {}).get("inputs", {}).get(input_name)
+        for _ in range(depth):
+            if not (isinstance(link, list) and len(link) == 2):
+                break
+            inputs = (prompt_graph.get(str(link[0])) or {}).get("inputs", {})
+            found = next((inputs[k] for k in MODEL_FILE_INPUTS if isinstance(inputs.get(k), str)), None)
+            if found:
+                names.append(found)
+                break
+            link = inputs.get("model")
+    return names
+
+
 def default_cache_folder() -> str:
     """Under ComfyUI's user directory, so it survives restarts and updates of the pack."""
     env = os.environ.get("CARNATOR_CACHE_DIR")
@@ -309,6 +333,9 @@ def default_cache_folder() -> str:
         return os.path.join(folder_paths.get_user_directory(), "carnator_cache")
     except Exception:  # noqa: BLE001 - outside a ComfyUI process
         return os.path.join(os.path.expanduser("~"), ".cache", "carnator")
+
+
+set_default_folder(default_cache_folder)  # the cache (a database's local files too) asks no host
 
 
 # ------------------------------------------------------------------ evidence collection
@@ -1013,13 +1040,13 @@ def start_request(model, positive, negative, latent: dict, seed: int, steps: int
                   sampler_name: str, scheduler: str, settings, cache_config: dict | None = None,
                   seed_policy: str = "same_seed", label: str = "", node_id: str | None = None,
                   vae=None, low_noise_model=None, switch_step: int = 0,
-                  switch_sigma: float = experts.WAN22_SWITCH_SIGMA):
+                  switch_sigma: float = experts.WAN22_SWITCH_SIGMA, model_names: list[str] = ()):
     """Build the run, open the cache (or explain why not) and run the Early Probe.
     ``low_noise_model``: Wan 2.2 A14B's second expert, switched to at ``switch_step`` (or,
     when 0, at the first step below ``switch_sigma``)."""
     from .pipeline import open_cache, probe  # local: pipeline imports nothing of ComfyUI
     cache_config = cache_config or {}
-    from .cache_backend import database_location
+    from .cache.backend import database_location
     # the operator's database (the one the node names from the operator's list, else
     # CARNATOR_CACHE_URL) wins over the folder; a workflow never gives an address
     location = (database_location(cache_config.get("database"))
@@ -1032,6 +1059,7 @@ def start_request(model, positive, negative, latent: dict, seed: int, steps: int
     notify("phase", {"phase": "probe", "steps": run.steps}, node_id)
     result = probe(run, cache, settings, cache_message=message, prompt=label)
     result.decode = frames_decoder(vae)
+    result.model_names = list(model_names)  # what the summary and the cache tab call the model
     return result
 
 
@@ -1070,7 +1098,7 @@ def calibrate_model(model, clip, latent: dict, pairs: list[dict], steps: int, cf
     """Run the generic calibration (``self_calibration``) on a ComfyUI model with ComfyUI's
     progress bar; resumable. Returns (RiskModel, report dict). ``pair``: low_noise_model,
     switch_step, switch_sigma — a Wan 2.2 A14B pair is calibrated as the one model it is."""
-    from .self_calibration import calibrate
+    from .calibration.generic import calibrate
     negative = encode_text(clip, "", model)
     conds: dict[str, Any] = {}
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from .region_compute import FILL_SEGMENT_STEPS
+from .reuse.region_compute import FILL_SEGMENT_STEPS
 from .risk_model_check import FORMAT_VERSION, CalibrationRejected, check_calibration
 from .signature import EarlySignature, tile_deviation, widen_tiles
 

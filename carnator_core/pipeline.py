@@ -18,19 +18,19 @@ from typing import Any
 
 import torch
 
-from . import audit
-from .cache import CacheError, LookupResult, StoredEntry, TrajectoryCache
-from .cache_backend import open_cache as open_location
-from .entry_precision import from_entry, latent_keys, loaded_latent, stored_latent, to_entry
-from .cache_index import served_class
+from .calibration import audit
+from .cache.folder import CacheError, LookupResult, StoredEntry, TrajectoryCache
+from .cache.backend import open_cache as open_location
+from .cache.precision import from_entry, latent_keys, loaded_latent, stored_latent, to_entry
+from .cache.index import served_class
 from .gate import (DEFAULT_PROBE_FRACTION, SAME_SCENE_GAP, GateSettings, Plan, RiskModel, decide,
                    evidence_class, fill_steps, gate_model_for, hit_saving)
 from .keys import CompatibilityClass, shape_str
-from .sparse_reuse import CONNECTIVITY_KEYS, Connectivity, SparseSettings
-from .calibration_status import model_status, status_line
-from .tolerance import psnr
-from .guided_finish import GuidedFinish
-from .region_compute import FILL_SEGMENT_STEPS, FillSegment, RegionFinish, fill_segment_starts
+from .reuse.sparse_reuse import CONNECTIVITY_KEYS, Connectivity, SparseSettings
+from .calibration.status import model_status, remember_model_names, status_line
+from .calibration.tolerance import psnr
+from .reuse.guided_finish import GuidedFinish
+from .reuse.region_compute import FILL_SEGMENT_STEPS, FillSegment, RegionFinish, fill_segment_starts
 from .signature import (EarlySignature, pool_latent_tiles, pool_token_tiles, tile_grid_for,
                         tiles_to_latent_mask)
 
@@ -46,7 +46,7 @@ class ReuseSettings:
     top_k: int = 3
     # Model steps spent on the request's own coarse trajectory from the probe to k*, which
     # fills region M on a hit (0: its probe x̂0 re-noised to k*, no extra step). Two steps
-    # cut edits' failures at k = 10 of 20 from 25–43% to 5–8% (bench/depth_studies.py).
+    # cut edits' failures at k = 10 of 20 from 25–43% to 5–8% (bench/studies/depth_studies.py).
     region_fill_calls: int = 2
     # What a calibration measures hits with region M filled by M's own trajectory computed on
     # its tokens (pipeline.fill_region's ``stored``; Wan-layout models). A hit fills M the way
@@ -66,7 +66,7 @@ class ReuseSettings:
     # chooses it where it is certified and computes less. 0: calibrate every-step only.
     same_scene_finish_calls: int = 4
     # The same for reuses with other evidence (edits, other scenes on the same noise); off by
-    # default. Measured on the tiny world's calibration (bench/region_finish_study.py):
+    # default. Measured on the tiny world's calibration (bench/studies/region_finish_study.py):
     # 6 calls fail 4.4% of these reuses at k = 8 of 20 and 7.9% at 10, where every step fails
     # 1.2% and 5.2%, so Learn-then-Test certified it only at α ≥ 0.3 — and measuring it
     # costs a calibration about 40% more. The changed object needs its own computed steps.
@@ -188,6 +188,7 @@ class ProbeResult:
     prompt: str = ""
     decode: Any = None                # latent → frames in 0..1 (a VAE), for audits on frames
     gate_model: RiskModel | None = None  # the risk model the gate judged with (before audits)
+    model_names: list[str] = field(default_factory=list)  # the files the model was loaded from
 
     @property
     def serves_stored(self) -> bool:
@@ -222,6 +223,8 @@ class Summary:
     messages: list[str] = field(default_factory=list)
     audit: dict | None = None         # this hit was also computed in full (audit.py)
     calibration: str = ""             # the gate's calibration and audits, in one line
+    model: str = ""                   # the file names the model was loaded from, when known
+    model_fingerprint: str = ""
     expert_calls: dict[str, int] | None = None  # model calls per expert (Wan 2.2 A14B)
     region_calls: int = 0             # model calls on region M's tokens alone (not in steps_computed)
     region_token_share: float | None = None  # their share of the tokens
@@ -256,6 +259,8 @@ class Summary:
             lines.append(self.audit["text"])
         if self.calibration:
             lines.append(self.calibration)
+        if self.model:
+            lines.append(f"model: {self.model} ({self.model_fingerprint[:8]})")
         lines.extend(self.messages)
         return "\n".join(lines)
 
@@ -683,6 +688,10 @@ def reuse(pr: ProbeResult, plan: Plan) -> tuple[torch.Tensor, Summary]:
         if audit.sampled(pr.settings.audit_rate, f"{pr.exact_key}:{plan.entry_id}"):
             s.audit = _audit(pr, plan, final)
     s.stored_id = _store(pr, record, final, plan if outcome == "hit" else None, own_connectivity)
+    s.model, s.model_fingerprint = " + ".join(pr.model_names), pr.klass.model_fingerprint
+    if pr.cache is not None and pr.model_names:  # the cache tab names models as people loaded them
+        guarded(pr.cache, "recording the model's file name", remember_model_names, pr.cache.folder,
+                pr.klass.model_fingerprint, pr.model_names)
     if pr.cache is not None:
         s.calibration = guarded(pr.cache, "reading the calibration status", lambda: status_line(
             model_status(pr.cache.folder, pr.klass.model_fingerprint, pr.gate_model,
@@ -766,7 +775,7 @@ def _plan_attention(pr: ProbeResult, plan: Plan | None, own: Connectivity | None
 
 
 def _report_attention(att, s: Summary) -> None:
-    from .sparse_attention import select_backend
+    from .reuse.sparse_attention import select_backend
     if att.skipped:
         s.reason = f"{s.reason} · {att.skipped}" if s.reason else att.skipped
     if att.sparse_calls:

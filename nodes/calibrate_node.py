@@ -3,12 +3,13 @@ from __future__ import annotations
 
 from comfy_api.latest import io
 
-from ..carnator_core import prompt_pairs
-from ..carnator_core.comfy_adapter import (SAMPLER_NAMES, SCHEDULER_NAMES, calibrate_model,
+from ..carnator_core.calibration import pairs as prompt_pairs
+from ..carnator_core.comfy_adapter import (SAMPLER_NAMES, SCHEDULER_NAMES, calibrate_model, model_file_names,
                                            default_cache_folder)
-from ..carnator_core.self_calibration import report_text
-from ..carnator_core.tolerance import Tolerance
-from ..carnator_core.experts import WAN22_SWITCH_SIGMA
+from ..carnator_core.calibration.generic import report_text
+from ..carnator_core.calibration.status import remember_model_names
+from ..carnator_core.calibration.tolerance import Tolerance
+from ..carnator_core.reuse.experts import WAN22_SWITCH_SIGMA
 from ..carnator_core.gate import DEFAULT_PROBE_FRACTION
 from .inputs import expert_inputs
 from .settings import reuse_settings
@@ -51,7 +52,7 @@ class CarnatorCalibrate(io.ComfyNode):
                              tooltip="With fill_region_on_its_tokens: widen an edit's region M by this many tiles in space and time, so changes just outside what the probe saw are computed too."),
             ],
             outputs=[io.String.Output("report", tooltip="Pairs and reuses measured, certified budgets, the held-out check.")],
-            hidden=[io.Hidden.unique_id],
+            hidden=[io.Hidden.unique_id, io.Hidden.prompt],
             is_output_node=True,
         )
 
@@ -72,5 +73,8 @@ class CarnatorCalibrate(io.ComfyNode):
                                     include_audits=include_audits, node_id=node_id_of(cls),
                                     low_noise_model=low_noise_model, switch_step=switch_step,
                                     switch_sigma=switch_sigma)
+        names = model_file_names(cls.hidden.prompt, node_id_of(cls))
+        if names and report.get("model_fingerprint"):  # the cache tab names it as it was loaded
+            remember_model_names(folder, report["model_fingerprint"], names)
         text = report_text(report)
         return io.NodeOutput(text, ui={"text": [text]})

@@ -2,7 +2,7 @@
 from comfy_api.latest import io
 
 from ..carnator_core.comfy_adapter import SAMPLER_NAMES, SCHEDULER_NAMES
-from ..carnator_core.experts import WAN22_SWITCH_SIGMA
+from ..carnator_core.reuse.experts import WAN22_SWITCH_SIGMA
 from ..carnator_core.gate import GateSettings
 from .types import CacheConfig
 

@@ -9,10 +9,10 @@ from dataclasses import dataclass
 from comfy_api.latest import io
 
 from ..carnator_core import pipeline
-from ..carnator_core.cache_backend import database_location
-from ..carnator_core.cache import LookupResult
-from ..carnator_core.comfy_adapter import frames_decoder, notify, prompt_text_of, start_request
-from ..carnator_core.experts import WAN22_SWITCH_SIGMA
+from ..carnator_core.cache.backend import database_location
+from ..carnator_core.cache.folder import LookupResult
+from ..carnator_core.comfy_adapter import frames_decoder, model_file_names, notify, prompt_text_of, start_request
+from ..carnator_core.reuse.experts import WAN22_SWITCH_SIGMA
 from ..carnator_core.gate import Plan as GatePlan
 from .inputs import (audit_inputs, expert_inputs, finish_inputs, gate_inputs, probe_inputs,
                      sampling_inputs, sparse_inputs)
@@ -54,7 +54,8 @@ class CarnatorEarlyProbe(io.ComfyNode):
         result = start_request(model, positive, negative, latent_image, seed, steps, cfg,
                                sampler_name, scheduler, settings, cache, seed_policy, label,
                                node_id=node_id_of(cls), low_noise_model=low_noise_model,
-                               switch_step=switch_step, switch_sigma=switch_sigma)
+                               switch_step=switch_step, switch_sigma=switch_sigma,
+                               model_names=model_file_names(cls.hidden.prompt, node_id_of(cls)))
         return io.NodeOutput(result)
 
 

@@ -32,9 +32,9 @@ from typing import Any, Awaitable, Callable
 import torch
 from aiohttp import web
 
-from ..carnator_core.cache import ENTRY_ID_RE, CacheError, TrajectoryCache
-from ..carnator_core.cache_backend import database_location
-from ..carnator_core.cache_backend import open_cache as open_location
+from ..carnator_core.cache.folder import ENTRY_ID_RE, CacheError, TrajectoryCache
+from ..carnator_core.cache.backend import database_location
+from ..carnator_core.cache.backend import open_cache as open_location
 from ..carnator_core.comfy_adapter import (TINYWORLD_LATENT_FORMAT, default_cache_folder,
                                            latent_rgb_factors, model_space)
 from ..carnator_core.preview import frame_strip_png
@@ -310,7 +310,7 @@ async def get_stats(request: web.Request) -> web.Response:
 async def get_calibration(request: web.Request) -> web.Response:
     """Per model in this cache: calibrated or not, from what, and the live audits against α."""
     def status() -> dict[str, Any]:
-        from ..carnator_core.calibration_status import known_fingerprints, model_status
+        from ..carnator_core.calibration.status import known_fingerprints, model_status
         cache = open_cache()
         rows = cache.list_entries(0, 1000)  # newest first
         seen = [r["model_fingerprint"] for r in rows if r.get("model_fingerprint")]

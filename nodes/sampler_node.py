@@ -4,8 +4,8 @@ from __future__ import annotations
 from comfy_api.latest import io
 
 from ..carnator_core import pipeline
-from ..carnator_core.comfy_adapter import notify, prompt_text_of, start_request
-from ..carnator_core.experts import WAN22_SWITCH_SIGMA
+from ..carnator_core.comfy_adapter import model_file_names, notify, prompt_text_of, start_request
+from ..carnator_core.reuse.experts import WAN22_SWITCH_SIGMA
 from .inputs import (audit_inputs, expert_inputs, finish_inputs, gate_inputs, probe_inputs,
                      sampling_inputs, sparse_inputs)
 from .pipeline_nodes import finish
@@ -44,7 +44,8 @@ class CarnatorSampler(io.ComfyNode):
         pr = start_request(model, positive, negative, latent_image, seed, steps, cfg,
                            sampler_name, scheduler, settings, cache, seed_policy, label, node_id,
                            vae=vae, low_noise_model=low_noise_model, switch_step=switch_step,
-                           switch_sigma=switch_sigma)
+                           switch_sigma=switch_sigma,
+                           model_names=model_file_names(cls.hidden.prompt, node_id))
         notify("phase", {"phase": "lookup"}, node_id)  # lookup and gate run back to back
         plan, _ = pipeline.lookup_and_gate(pr)
         return finish(pr, plan, node_id)

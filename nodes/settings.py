@@ -2,7 +2,7 @@
 from ..carnator_core.comfy_adapter import audit_rate_default
 from ..carnator_core.gate import GateSettings
 from ..carnator_core.pipeline import ReuseSettings
-from ..carnator_core.sparse_reuse import SparseSettings
+from ..carnator_core.reuse.sparse_reuse import SparseSettings
 
 
 def sparse_settings(sparse_attention=None, keep_mass=None, min_density=None, refresh_every=None,

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 from comfy_api.latest import io
 
-from ..carnator_core.cache_backend import database_location
-from ..carnator_core.cache_location import allowed_cache_folder, operator_roots
+from ..carnator_core.cache.backend import database_location
+from ..carnator_core.cache.location import allowed_cache_folder, operator_roots
 from ..carnator_core.comfy_adapter import default_cache_folder
 from ..carnator_core.comfy_adapter import TINYWORLD_LATENT_FORMAT, mark_latent_format
 from ..carnator_core.demo_text import BACKBONES, conditioning_for

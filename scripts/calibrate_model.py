@@ -47,11 +47,11 @@ def calibrate_one(model_path: str, latent: str, steps: int, cfg: float, pairs: i
                   fill_on_m: bool = False, region_margin: int = 0) -> dict:
     import comfy.sd
     import torch
-    from carnator_core import prompt_pairs
+    from carnator_core.calibration import pairs as prompt_pairs
     from carnator_core.comfy_adapter import calibrate_model
     from carnator_core.pipeline import ReuseSettings
-    from carnator_core.self_calibration import report_text
-    from carnator_core.tolerance import Tolerance
+    from carnator_core.calibration.generic import report_text
+    from carnator_core.calibration.tolerance import Tolerance
     model = comfy.sd.load_diffusion_model(model_path)
     pair = {}
     if low_noise_model:  # Wan 2.2 A14B: the pair is calibrated as one model

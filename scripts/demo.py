@@ -7,10 +7,16 @@ row per request: hit or miss, steps computed, seconds, and the speedup against t
 backbone's first (miss) request measured in the same process, after one untimed warm-up
 pair per backbone (model load, kernel compile). Rows go to out/demo.json.
 
+Quality, for the trained tiny world: each request is also computed in full by ComfyUI's own
+KSampler (same prompt, seed and steps), and the row gives the PSNR of Carnator's frames
+against it and the checker's verdict on both (does the video show what the prompt says?),
+so a reuse of another scene can be told right or wrong at a glance.
+
 A plain KSampler run of the same size per backbone gives the miss overhead (wall time).
 
-The three random-weight models show the mechanics and the step savings at a size where the
-model dominates the time, not output quality; the tiny world shows pictures (its outcome as
+The random-weight models show the mechanics and the step savings at a size where the model
+dominates the time — their pictures are noise and their decisions mean nothing, so they are
+printed in a section of their own; the tiny world shows pictures (its outcome as
 frame strips: scripts/demo_pictures.py, which `make demo` runs first).
 Their gates run calibrated: models/calibration/ holds each model's calibration by the generic
 procedure (scripts/calibrate_model.py --demo-models), copied into the demo's cache folder.
@@ -98,6 +104,34 @@ def plain_ksampler(backbone: str, prompt: str, steps: int, seed: int) -> dict:
     return wf
 
 
+def tinyworld_frames(server, history: dict) -> "torch.Tensor":
+    """The decoded frames a tiny-world workflow saved (lossless WEBP, enlarged ×scale by
+    nearest neighbour) as the world's (3, T, 32, 32) video in 0..1."""
+    import numpy as np
+    import torch
+    from PIL import Image, ImageSequence
+    saved = next(o["images"][0] for o in history["outputs"].values() if o.get("images"))
+    path = server.output_dir / saved.get("subfolder", "") / saved["filename"]
+    with Image.open(path) as im:
+        frames = [np.asarray(f.convert("RGB"), dtype=np.float32) / 255.0 for f in ImageSequence.Iterator(im)]
+    video = torch.from_numpy(np.stack(frames)).permute(3, 0, 1, 2)  # (3, T, H·s, W·s)
+    scale = video.shape[-1] // 32
+    return video[..., ::scale, ::scale]
+
+
+def quality(server, backbone: str, prompt: str, steps: int, seed: int, carnator_history: dict) -> dict:
+    """PSNR against the request's own full computation and the checker on both."""
+    sys.path.insert(0, str(ROOT))
+    from tinyworld import checker, world
+    from carnator_core.calibration.tolerance import psnr
+    reference = tinyworld_frames(server, server.run(plain_ksampler(backbone, prompt, steps, seed), timeout=900))
+    ours = tinyworld_frames(server, carnator_history)
+    scene = world.parse_caption(prompt)
+    verdict = lambda v: "right" if checker.check(v, scene)["all"] >= 1.0 else "wrong"  # noqa: E731
+    return {"psnr_vs_full": round(psnr(ours, reference, peak=1.0), 1), "checker": verdict(ours),
+            "checker_full": verdict(reference)}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=30)
@@ -131,6 +165,8 @@ def main() -> int:
                 history = server.run(workflow(backbone, prompt, label, steps, seed=2026), timeout=900)
                 wall = time.perf_counter() - t0
                 summary = carnator_outputs(history)[0]
+                judged = quality(server, backbone, prompt, steps, 2026, history) \
+                    if backbone == "tinyworld" else {}
                 if miss_seconds is None:
                     miss_seconds = summary["seconds"]
                 rows.append({
@@ -141,8 +177,9 @@ def main() -> int:
                     "speedup_vs_first": round(miss_seconds / max(summary["seconds"], 1e-6), 2),
                     "risk": summary["risk"], "entry_id": summary["entry_id"],
                     "gate": gate_words(summary.get("calibration", "")),
-                    "ksampler_wall_seconds": round(ksampler_wall, 3)})
-                print_row(rows[-1], header=len(rows) == 1)
+                    "ksampler_wall_seconds": round(ksampler_wall, 3), **judged})
+                print_row(rows[-1], header=len(rows) == 1 or backbone != rows[-2]["backbone"]
+                          and "tinyworld" in (backbone, rows[-2]["backbone"]))
     for r in rows:
         if r["outcome"] == "miss":
             r["miss_overhead_vs_ksampler"] = round(r["wall_seconds"] / r["ksampler_wall_seconds"], 2)
@@ -165,13 +202,20 @@ def gate_words(line: str) -> str:
 
 
 def print_row(r: dict, header: bool) -> None:
+    world = r["backbone"] == "tinyworld"
     if header:
-        print(f"\n{'backbone':14} {'request':15} {'outcome':7} {'k*':>3} {'steps':>7} "
-              f"{'seconds':>8} {'speedup':>8}  {'gate':34} prompt")
+        print("\nThe trained tiny world: decisions and their quality (PSNR against the request's own "
+              "full computation; checker: does the video show the prompt?)" if world else
+              "\nRandom-weight models of the real architectures: mechanics only (their pictures "
+              "are noise, their decisions mean nothing)")
+        print(f"{'backbone':14} {'request':15} {'outcome':7} {'k*':>3} {'steps':>7} "
+              f"{'seconds':>8} {'speedup':>8}  " + (f"{'PSNR dB':>7} {'checker':>8} {'full':>6}  "
+                                                    if world else "") + f"{'gate':34} prompt")
     k = "" if r["reuse_step"] is None else r["reuse_step"]
+    judged = (f"{r['psnr_vs_full']:7.1f} {r['checker']:>8} {r['checker_full']:>6}  " if world else "")
     print(f"{r['backbone']:14} {r['request']:15} {r['outcome'].upper():7} {k:>3} "
           f"{r['steps_computed']:>3}/{r['steps_total']:<3} {r['seconds']:8.2f} "
-          f"{r['speedup_vs_first']:7.2f}x  {r['gate']:34} {r['prompt']}", flush=True)
+          f"{r['speedup_vs_first']:7.2f}x  {judged}{r['gate']:34} {r['prompt']}", flush=True)
 
 
 if __name__ == "__main__":

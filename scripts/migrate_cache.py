@@ -4,7 +4,7 @@
     .venv/bin/python scripts/migrate_cache.py postgresql://carnator@db/carnator /backup/carnator_cache
 
 Every entry is verified before it is copied; damaged ones are reported and skipped.
-Exit status 1 when any entry was skipped. See carnator_core/cache_migrate.py.
+Exit status 1 when any entry was skipped. See carnator_core/cache/migrate.py.
 """
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from carnator_core.cache_migrate import migrate  # noqa: E402
+from carnator_core.cache.migrate import migrate  # noqa: E402
 
 
 def main() -> int:

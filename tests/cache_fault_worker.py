@@ -21,7 +21,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from carnator_core.cache import TrajectoryCache  # noqa: E402
+from carnator_core.cache.folder import TrajectoryCache  # noqa: E402
 
 CLASS_KEY = "fault-class"
 

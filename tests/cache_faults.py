@@ -153,7 +153,7 @@ def point_sweep(folder: Path, workdir: Path, capacity: int = 40 * ENTRY_BYTES,
 
 def verify(folder: Path, workdir: Path, capacity: int, counts: Counts) -> Counts:
     """Every promise journaled by the workers, checked against the folder."""
-    from carnator_core.cache import TrajectoryCache
+    from carnator_core.cache.folder import TrajectoryCache
     lines = read_journals(workdir / "journal")
     stored = {p[1]: int(p[2]) for p in lines if p[0] == "S" and len(p) == 3}
     pinned = {p[1] for p in lines if p[0] == "P"}

@@ -16,7 +16,7 @@ import pytest
 import torch
 from conftest import Requests
 
-from carnator_core.sparse_attention import reset_sparse_call_counts, sparse_call_counts
+from carnator_core.reuse.sparse_attention import reset_sparse_call_counts, sparse_call_counts
 
 PROMPT = "a red ball rolls left across a green field"
 RELATED = "a red ball rolls left across a green field slowly"

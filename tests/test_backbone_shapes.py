@@ -13,7 +13,7 @@ from conftest import Requests
 
 from carnator_core.demo_text import DEFAULT_LATENT_SHAPES, conditioning_for
 from carnator_core.signature import FEATURE_WIDTH, tile_grid_for
-from carnator_core.sparse_reuse import AttentionPlan, SparseSettings
+from carnator_core.reuse.sparse_reuse import AttentionPlan, SparseSettings
 
 PROMPT = "a red ball rolls left across a green field"
 RELATED = "a red ball rolls left across a green field slowly"
@@ -54,7 +54,7 @@ def test_hunyuan15_image_tokens_join_the_text_part_of_joint_attention(tiny_model
     tokens of its joint attention: the text length is read from the model's inputs, so the
     image part is still found and a hit runs block-sparse."""
     from carnator_core.comfy_adapter import run_request
-    from carnator_core.sparse_attention import reset_sparse_call_counts, sparse_call_counts
+    from carnator_core.reuse.sparse_attention import reset_sparse_call_counts, sparse_call_counts
     model, backbone = tiny_models["hunyuan_video15"], "hunyuan_video15"
     vision = SimpleNamespace(last_hidden_state=torch.randn(1, 16, 1152, generator=torch.Generator().manual_seed(3)))
     requests = Requests(tmp_path)

@@ -122,7 +122,7 @@ def test_full_disk_while_storing_keeps_the_cache_consistent(tmp_path):
     script = textwrap.dedent(f"""
         import resource, signal, sys, torch
         sys.path.insert(0, {str(REPO)!r})
-        from carnator_core.cache import TrajectoryCache
+        from carnator_core.cache.folder import TrajectoryCache
         cache = TrajectoryCache({str(folder)!r})
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
         resource.setrlimit(resource.RLIMIT_FSIZE, (64 * 1024, 64 * 1024))
@@ -144,7 +144,7 @@ def test_two_processes_share_one_cache(tmp_path):
     script = textwrap.dedent(f"""
         import sys, torch
         sys.path.insert(0, {str(REPO)!r})
-        from carnator_core.cache import TrajectoryCache
+        from carnator_core.cache.folder import TrajectoryCache
         for i in range(15):
             c = TrajectoryCache({str(folder)!r})
             c.store({{"class_key": "k", "exact_key": sys.argv[1] + str(i)}},
@@ -161,7 +161,7 @@ def test_two_processes_share_one_cache(tmp_path):
 
 
 def test_eviction_by_utility_keeps_pinned_and_useful_entries(tmp_path):
-    from carnator_core.cache import TrajectoryCache
+    from carnator_core.cache.folder import TrajectoryCache
     cache = TrajectoryCache(tmp_path / "cache", capacity_bytes=10**9)
     ids = [cache.store({"class_key": "k", "exact_key": str(i)},
                        {"final": torch.randn(1, 4, 4, 16, 16)}, torch.randn(8)) for i in range(4)]
@@ -178,7 +178,7 @@ def test_eviction_by_utility_keeps_pinned_and_useful_entries(tmp_path):
 def test_a_locked_index_is_not_mistaken_for_corruption(tmp_path, monkeypatch):
     """Another process holding the write lock past the busy timeout: readers still work
     (WAL), the write is reported and rolled back, nothing is quarantined."""
-    from carnator_core.cache import TrajectoryCache
+    from carnator_core.cache.folder import TrajectoryCache
     from carnator_core.pipeline import guarded
     folder = tmp_path / "cache"
     cache = TrajectoryCache(folder)

@@ -456,6 +456,14 @@ def test_miss_then_hit_on_the_node_and_the_cache_tab(server):
             listed = server.get("/carnator/calibration")["models"][0]
             assert (f"measured at {listed['measured_steps']} steps" in gate) == bool(listed["measured_steps"]), gate
             assert "no live audits yet" in gate, gate
+            # the model is named as it was loaded (UNETLoader's file), its fingerprint on hover
+            named = [m for m in server.get("/carnator/calibration")["models"] if m["names"]]
+            assert [m["names"] for m in named] == [["carnator_tinyworld_wan21.safetensors"]], named
+            label = page.locator(f'.carnator-gate[data-fingerprint="{named[0]["fingerprint"]}"] '
+                                 '.carnator-gate-model')
+            assert label.inner_text() == "carnator_tinyworld_wan21.safetensors"
+            assert named[0]["fingerprint"] in label.get_attribute("title")
+            assert "demo_models" not in page.locator(".carnator-gates").inner_text()
             # a calibration measured at its own N is listed with the model it belongs to
             at_n = [m for m in server.get("/carnator/calibration")["models"] if m["calibrated_steps"]]
             assert at_n, "the bundled tiny world's 30-step calibration is not listed"

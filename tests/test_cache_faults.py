@@ -26,7 +26,7 @@ sys.path.insert(0, str(HERE))
 from cache_fault_worker import CLASS_KEY, expected_tensors, same, signature_of  # noqa: E402
 from cache_faults import ENTRY_BYTES, kill_storm, point_sweep, verify  # noqa: E402
 
-from carnator_core.cache import ENTRY_ID_RE, TrajectoryCache  # noqa: E402
+from carnator_core.cache.folder import ENTRY_ID_RE, TrajectoryCache  # noqa: E402
 
 
 def fill(folder: Path, n: int, capacity: int = 10**9, start: int = 0) -> tuple[TrajectoryCache, dict[str, int]]:
@@ -46,7 +46,7 @@ def in_processes(n: int, code: str, *args: str, timeout: float = 180) -> list[st
     script = textwrap.dedent(f"""
         import os, sys, time
         sys.path.insert(0, {str(REPO)!r}); sys.path.insert(0, {str(HERE)!r})
-        from carnator_core.cache import TrajectoryCache
+        from carnator_core.cache.folder import TrajectoryCache
         def go():
             while not os.path.exists({str(go)!r}):
                 time.sleep(0.002)
@@ -214,7 +214,7 @@ def test_a_rebuild_killed_part_way_is_finished_by_the_next_open(tmp_path):
     _, seeds = fill(folder, 8)
     _corrupt_index(folder)
     env = {**os.environ, "CARNATOR_TEST_KILL_AT": "reconcile.indexed_one"}
-    code = f"import sys; sys.path.insert(0, {str(REPO)!r}); from carnator_core.cache import TrajectoryCache; TrajectoryCache({str(folder)!r})"
+    code = f"import sys; sys.path.insert(0, {str(REPO)!r}); from carnator_core.cache.folder import TrajectoryCache; TrajectoryCache({str(folder)!r})"
     assert subprocess.run([sys.executable, "-c", code], env=env).returncode == -9
     assert len(rows(folder)) < 8  # it died after indexing one file
     cache = TrajectoryCache(folder)
@@ -275,7 +275,7 @@ def _header_edit(path: Path, old: bytes, new: bytes) -> None:
 def _nan_with_valid_checksums(path: Path, entry_id: str) -> None:
     """A writer that stored NaN and hashed it correctly: only the finiteness check sees it."""
     from safetensors.torch import save_file
-    from carnator_core.cache_files import entry_checksum, hash_table, read_entry
+    from carnator_core.cache.files import entry_checksum, hash_table, read_entry
     row, tensors, _ = read_entry(path, entry_id, None)
     tensors["final"][0, 0, 0, 0, 0] = float("nan")
     hashes, meta = hash_table(tensors), json.dumps(row)
@@ -339,7 +339,7 @@ def test_a_transient_read_error_keeps_the_entry(tmp_path):
     code = textwrap.dedent(f"""
         import resource, sys
         sys.path.insert(0, {str(REPO)!r})
-        from carnator_core.cache import TrajectoryCache
+        from carnator_core.cache.folder import TrajectoryCache
         c = TrajectoryCache({str(folder)!r})
         vm = int(next(l for l in open("/proc/self/status") if l.startswith("VmSize")).split()[1]) * 1024
         resource.setrlimit(resource.RLIMIT_AS, (vm + 48 * 2**20, resource.RLIM_INFINITY))
@@ -362,7 +362,7 @@ def test_orphans_and_temporary_files_are_swept_and_cleared(tmp_path):
     code = textwrap.dedent(f"""
         import sys, torch; sys.path.insert(0, {str(REPO)!r}); sys.path.insert(0, {str(HERE)!r})
         from cache_fault_worker import expected_tensors, signature_of
-        from carnator_core.cache import TrajectoryCache
+        from carnator_core.cache.folder import TrajectoryCache
         TrajectoryCache({str(folder)!r}).store({{"class_key": "fault-class", "exact_key": "o",
             "prompt": "77", "snapshot_steps": "[2]"}}, expected_tensors(77), signature_of(77))
     """)
@@ -388,7 +388,7 @@ def test_entry_ids_with_a_trailing_newline_are_refused(tmp_path):
 
 
 def test_request_and_removal_logs_are_trimmed(tmp_path, monkeypatch):
-    import carnator_core.cache as cache_module
+    import carnator_core.cache.folder as cache_module
     monkeypatch.setattr(cache_module, "LOG_ROWS_KEPT", 50)
     cache = TrajectoryCache(tmp_path / "cache")
     for _ in range(120):
@@ -441,7 +441,7 @@ def test_a_cache_folder_written_before_checksums_still_opens(tmp_path):
     tensors = {**expected_tensors(5), "signature": signature_of(5)}
     save_file(tensors, str(folder / "tensors" / f"{entry_id}.safetensors"),
               metadata={"carnator_entry": json.dumps(row)})
-    from carnator_core.cache import ENTRY_COLUMNS
+    from carnator_core.cache.folder import ENTRY_COLUMNS
     with sqlite3.connect(folder / "carnator.sqlite") as db:  # the schema-1 table, no checksum
         cols = ", ".join(f"{c} {'BLOB' if t is bytes else 'TEXT'}" for c, t in ENTRY_COLUMNS.items()
                          if c != "checksum")
@@ -463,7 +463,7 @@ def test_a_cache_folder_written_before_checksums_still_opens(tmp_path):
 REMOVER = """
 import sys
 sys.path.insert(0, {repo!r}); sys.path.insert(0, {here!r})
-from carnator_core.cache import TrajectoryCache
+from carnator_core.cache.folder import TrajectoryCache
 from cache_fault_worker import CLASS_KEY, expected_tensors, signature_of
 folder, op, arg = sys.argv[1], sys.argv[2], sys.argv[3]
 if op == "delete":

@@ -10,8 +10,8 @@ import torch
 from cache_fault_worker import CLASS_KEY, expected_tensors, same, signature_of
 from pg_cluster import PgCluster, pg_bin
 
-from carnator_core.cache import TrajectoryCache
-from carnator_core.cache_backend import open_cache
+from carnator_core.cache.folder import TrajectoryCache
+from carnator_core.cache.backend import open_cache
 
 pytest.importorskip("psycopg", reason="psycopg[binary] is in requirements-test.txt")
 pytestmark = pytest.mark.skipif(pg_bin() is None, reason="PostgreSQL server not installed")
@@ -79,7 +79,7 @@ def test_postgresql_reads_only_the_tensors_asked_for(cluster):
 
     import psycopg
 
-    from carnator_core.cache_files import read_header
+    from carnator_core.cache.files import read_header
     url = cluster.url("ranges")
     cache = open_cache(url, 1 << 30)
     big = {**expected_tensors(3), "snapshot.9": torch.randn(1, 16, 8, 64, 64)}  # 2 MB
@@ -110,7 +110,7 @@ def test_postgresql_lookup_holds_a_fixed_budget_and_migrates_the_previous_layout
     import numpy as np
     import psycopg
 
-    from carnator_core.cache_descriptors import BLOCK_ROWS, BLOCKS, Packed, compact
+    from carnator_core.cache.descriptors import BLOCK_ROWS, BLOCKS, Packed, compact
     from test_cache_scale import WIDTH, clustered
     budget = Packed(BLOCK_ROWS, "0" * 32 * BLOCK_ROWS, np.zeros((BLOCK_ROWS, 128), np.int8)).nbytes
     monkeypatch.setattr(BLOCKS, "budget", budget)
@@ -155,7 +155,7 @@ def test_postgresql_lookup_holds_a_fixed_budget_and_migrates_the_previous_layout
 PG_REMOVER = """
 import sys
 sys.path.insert(0, {repo!r})
-from carnator_core.cache_backend import open_cache
+from carnator_core.cache.backend import open_cache
 url, op, arg = sys.argv[1:4]
 if op == "delete":
     open_cache(url, 1 << 30).delete(arg)

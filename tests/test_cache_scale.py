@@ -10,11 +10,11 @@ import numpy as np
 import torch
 from cache_fault_worker import CLASS_KEY, expected_tensors
 
-from carnator_core.cache import EVICT_BATCH, TrajectoryCache
-from carnator_core.cache_descriptors import BLOCK_ROWS, BLOCKS, Packed, compact
-from carnator_core.cache_backend import open_cache
-from carnator_core.cache_index import UTILITY_ORDER
-from carnator_core.cache_repair import IndexRepair
+from carnator_core.cache.folder import EVICT_BATCH, TrajectoryCache
+from carnator_core.cache.descriptors import BLOCK_ROWS, BLOCKS, Packed, compact
+from carnator_core.cache.backend import open_cache
+from carnator_core.cache.index import UTILITY_ORDER
+from carnator_core.cache.repair import IndexRepair
 
 WIDTH = 512
 

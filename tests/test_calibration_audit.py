@@ -11,11 +11,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from carnator_core import audit, prompt_pairs
-from carnator_core.calibration_status import known_fingerprints, model_status, status_line
+from carnator_core.calibration import audit
+
+from carnator_core.calibration import pairs as prompt_pairs
+from carnator_core.calibration.status import known_fingerprints, model_status, status_line
 from carnator_core.gate import RiskModel, calibrated_steps, evidence_class, risk_model_for
-from carnator_core.risk_control import min_accepted
-from carnator_core.self_calibration import Tolerance, calibrate, load_progress, progress_path, report_text
+from carnator_core.calibration.risk_control import min_accepted
+from carnator_core.calibration.generic import Tolerance, calibrate, load_progress, progress_path, report_text
 
 PROMPT = "a red ball rolls left across a green field"
 RELATED = "a red ball rolls left across a green field slowly"
@@ -191,12 +193,14 @@ def test_the_cache_tab_lists_calibrations_by_the_names_the_gate_reads(tmp_path):
     (the gate reads no other); reports, progress files and other models' files do not."""
     cal = tmp_path / "calibration"
     cal.mkdir()
-    for name in ("fp.json", "fp.n30.json", "fp.probe0.05.n50.json", "fp.probe0.050.n40.json",
-                 "fp.n30.report.json", "fp.progress.jsonl", "fpx.n20.json", "other.probe0.05.json"):
+    fp, fpx, other = "a" * 32, "b" * 32, "c" * 32  # model fingerprints are 32 hex digits
+    for name in (f"{fp}.json", f"{fp}.n30.json", f"{fp}.probe0.05.n50.json", f"{fp}.probe0.050.n40.json",
+                 f"{fp}.n30.report.json", f"{fp}.progress.jsonl", f"{fpx}.n20.json",
+                 f"{other}.probe0.05.json", "demo_models.json"):
         (cal / name).write_text("{}")
-    assert calibrated_steps(tmp_path, "fp") == [{"probe_fraction": 0.05, "steps": 50},
-                                                {"probe_fraction": 0.1, "steps": 30}]
-    assert known_fingerprints(tmp_path) == ["fp", "fpx", "other"]
+    assert calibrated_steps(tmp_path, fp) == [{"probe_fraction": 0.05, "steps": 50},
+                                              {"probe_fraction": 0.1, "steps": 30}]
+    assert known_fingerprints(tmp_path) == [fp, fpx, other]  # not "demo_models"
 
 
 def test_a_calibration_for_another_fingerprint_is_never_used(tmp_path):
@@ -213,7 +217,7 @@ def test_a_calibration_for_another_fingerprint_is_never_used(tmp_path):
 
 def test_a_latent_psnr_tolerance_labels_by_its_bound():
     ref = torch.linspace(-1, 1, 1000)
-    from carnator_core.tolerance import psnr
+    from carnator_core.calibration.tolerance import psnr
     assert psnr(ref, ref) == 100.0
     noisy = ref + 0.02 * torch.randn(1000, generator=torch.Generator().manual_seed(0))
     assert 35 < psnr(noisy, ref) < 45  # peak 2, rms 0.02 → 40 dB
@@ -351,7 +355,7 @@ def test_a_calibration_with_m_filled_on_its_tokens_measures_it_and_hands_it_to_t
     the fit took the signed form, and the file the gate loads carries the recipe so hits do
     what was measured."""
     import copy
-    from carnator_core.calibration import calibration_path
+    from carnator_core.calibration.fit import calibration_path
     model = tiny_models["wan21"]
     from carnator_core.comfy_adapter import model_fingerprint
     fp, folder = model_fingerprint(model), requests_in.cache_folder
@@ -383,9 +387,9 @@ def test_a_region_finish_is_measured_only_at_depths_the_gate_may_start_it(tiny_m
     finishing every step is still measured at every depth."""
     import copy
     from carnator_core.comfy_adapter import model_fingerprint
-    from carnator_core.calibration import calibration_path
+    from carnator_core.calibration.fit import calibration_path
     from carnator_core.gate import finish_allows
-    from carnator_core.self_calibration import reuse_depths
+    from carnator_core.calibration.generic import reuse_depths
     model = tiny_models["wan21"]
     fp, folder = model_fingerprint(model), requests_in.cache_folder
     make_run, _ = _tiny_runs(model, requests_in)

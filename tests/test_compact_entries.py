@@ -17,8 +17,8 @@ import repo_scripts
 from conftest import BACKBONES, Requests
 from torch.profiler import ProfilerActivity, profile
 
-from carnator_core.connectivity import pack_mask
-from carnator_core.sparse_reuse import AttentionPlan, Connectivity, SparseSettings
+from carnator_core.reuse.connectivity import pack_mask
+from carnator_core.reuse.sparse_reuse import AttentionPlan, Connectivity, SparseSettings
 
 PROMPT = "a red ball rolls left across a green field"
 RELATED = "a red ball rolls left across a green field slowly"
@@ -71,7 +71,7 @@ def test_capture_at_a_new_step_replaces_and_at_the_same_step_adds():
                                                       (False, True, True)])
 def test_connectivity_is_measured_only_when_used_or_asked_for(tiny_models, tmp_path, enabled,
                                                               store, measured):
-    from carnator_core.cache import TrajectoryCache
+    from carnator_core.cache.folder import TrajectoryCache
     requests = Requests(tmp_path)
     requests.settings.sparse.enabled, requests.settings.sparse.store_connectivity = enabled, store
     requests.settings.sparse.keep_mass = 0.5
@@ -124,7 +124,7 @@ def test_reloaded_connectivity_drives_the_kernel_to_the_same_output():
 
 # ------------------------------------------------------------------ latents
 def test_entry_precision_round_trip_and_overflow_fallback():
-    from carnator_core.entry_precision import (from_entry, latent_keys, loaded_latent,
+    from carnator_core.cache.precision import (from_entry, latent_keys, loaded_latent,
                                                stored_latent, to_entry)
     x = torch.randn(1, 16, 3, 8, 8)
     assert to_entry(x).dtype == torch.float16 and to_entry(x, "float32").dtype == torch.float32

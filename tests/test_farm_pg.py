@@ -81,7 +81,7 @@ def test_a_trajectory_stored_by_one_worker_is_a_hit_on_another(farm):
 
 def test_the_database_stopped_mid_request_is_a_miss_with_a_message_then_hits_again(farm):
     """Worker 1 is paused inside its request, after its probe and exact-repeat check used
-    the database and before lookup (carnator_core.cache_files.pause_point); the database
+    the database and before lookup (carnator_core.cache.files.pause_point); the database
     stops there, the request finishes as a miss that says so, and once the database is
     back the worker reconnects by itself and hits."""
     cluster, _, (w0, w1, _) = farm
@@ -111,7 +111,7 @@ def test_the_database_stopped_mid_request_is_a_miss_with_a_message_then_hits_aga
 EVICTOR = """
 import sys
 sys.path.insert(0, {repo!r})
-from carnator_core.cache_backend import open_cache
+from carnator_core.cache.backend import open_cache
 print(len(open_cache(sys.argv[1], 1).evict_to_capacity()))
 """
 
@@ -145,7 +145,7 @@ STORER = """
 import sys
 sys.path.insert(0, {repo!r}); sys.path.insert(0, {tests!r})
 from cache_fault_worker import CLASS_KEY, expected_tensors, signature_of
-from carnator_core.cache_backend import open_cache
+from carnator_core.cache.backend import open_cache
 cache = open_cache(sys.argv[1], 1 << 30)
 print(cache.store({{"class_key": CLASS_KEY, "exact_key": sys.argv[2], "snapshot_steps": "[2]"}},
                   expected_tensors(int(sys.argv[2])), signature_of(int(sys.argv[2]))))
@@ -168,7 +168,7 @@ def test_a_worker_killed_mid_store_leaves_nothing_half_visible(farm):
     assert orphans == [(0,)]
     n, size = db_rows(url, "SELECT n, bytes FROM carnator_totals")[0]
     assert (n, size) == db_rows(url, "SELECT count(*), coalesce(sum(bytes), 0) FROM carnator_entries")[0]
-    from carnator_core.cache_backend import open_cache
+    from carnator_core.cache.backend import open_cache
     from cache_fault_worker import expected_tensors, same
     assert same(open_cache(url, 1 << 30).load_tensors(kept), expected_tensors(902))
 

@@ -60,3 +60,30 @@ def test_the_label_is_read_from_the_prompt_graph():
     assert prompt_text_of(graph, "7") == "a cat"          # through a conditioning pass-through
     assert prompt_text_of(graph, "8") == "a dog"          # a text widget fed by a string node
     assert prompt_text_of(graph, "9") == "" and prompt_text_of(None, "5") == ""
+
+
+def test_the_model_is_named_by_the_files_it_was_loaded_from():
+    from carnator_core.comfy_adapter import model_file_names
+    graph = {
+        "1": {"class_type": "UNETLoader", "inputs": {"unet_name": "wan2.2_high.safetensors"}},
+        "2": {"class_type": "LoraLoaderModelOnly", "inputs": {"model": ["1", 0], "lora_name": "style.safetensors"}},
+        "3": {"class_type": "UNETLoader", "inputs": {"unet_name": "wan2.2_low.safetensors"}},
+        "4": {"class_type": "CheckpointLoaderSimple", "inputs": {"ckpt_name": "ltxv.safetensors"}},
+        "5": {"class_type": "CarnatorSampler", "inputs": {"model": ["2", 0], "low_noise_model": ["3", 0]}},
+        "6": {"class_type": "CarnatorSampler", "inputs": {"model": ["4", 0]}},
+    }
+    assert model_file_names(graph, "5") == ["wan2.2_high.safetensors", "wan2.2_low.safetensors"]
+    assert model_file_names(graph, "6") == ["ltxv.safetensors"]  # through the LoRA, not its file
+    assert model_file_names(graph, "7") == [] and model_file_names(None, "5") == []
+
+
+def test_the_cache_tab_names_models_and_lists_no_stray_file(tmp_path):
+    from carnator_core.calibration.status import known_fingerprints, model_status, remember_model_names
+    fp = "0" * 32
+    remember_model_names(tmp_path, fp, ["wan2.1_t2v_1.3B_fp16.safetensors"])
+    (tmp_path / "calibration").mkdir()
+    (tmp_path / "calibration" / "demo_models.json").write_text("{}")  # not a calibration
+    assert model_status(tmp_path, fp)["names"] == ["wan2.1_t2v_1.3B_fp16.safetensors"]
+    assert known_fingerprints(tmp_path) == []
+    (tmp_path / "model_names.json").write_text("not json")  # damaged: names unknown, nothing fails
+    assert model_status(tmp_path, fp)["names"] == []

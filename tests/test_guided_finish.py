@@ -1,4 +1,4 @@
-"""The guided finish (carnator_core/guided_finish.py): a reuse computes a few of the steps
+"""The guided finish (carnator_core/reuse/guided_finish.py): a reuse computes a few of the steps
 after k* and follows the candidate's stored x̂0 at the others — same-scene reuses with one
 number of calls, reuses with other evidence with their own.
 
@@ -8,9 +8,9 @@ prediction path goes through ComfyUI's PREDICT_NOISE wrapper on a real tiny Wan 
 import pytest
 import torch
 
-from carnator_core.calibration import measured_finish
+from carnator_core.calibration.fit import measured_finish
 from carnator_core.gate import GateSettings, RiskModel
-from carnator_core.guided_finish import GuidedFinish, finish_steps
+from carnator_core.reuse.guided_finish import GuidedFinish, finish_steps
 
 PROMPT = "a red ball rolls left across a green field"
 RELATED = "a red ball rolls left across a green field slowly"
@@ -99,7 +99,7 @@ def test_the_gate_falls_back_to_every_step_where_the_finish_is_not_certified_or_
 
 
 def test_certification_gives_each_finish_half_the_error_allowance():
-    from carnator_core.calibration import certify_model
+    from carnator_core.calibration.fit import certify_model
     inst = [{"group": i, "features": SAME,
              "depths": [{"k": 8, "depth_fraction": 0.4, "label": 0},
                         {"k": 8, "depth_fraction": 0.4, "label": 0, "finish_calls": 3}]}
@@ -141,7 +141,7 @@ def test_guided_by_its_own_trajectory_a_request_reproduces_its_full_run(tiny_mod
 
 def _hit_plan(requests_in, model, risk_model, stored_model=None, **gate):
     from carnator_core import pipeline
-    from carnator_core.calibration import save
+    from carnator_core.calibration.fit import save
     from carnator_core.comfy_adapter import model_fingerprint
     # the first request stores what this model's calibration asks for (x̂0 when it has a
     # guided finish)
@@ -212,8 +212,8 @@ def _stored_steps(stored, prefix):
 
 
 def test_entries_store_the_estimates_only_for_a_model_calibrated_with_the_finish(tiny_models, requests_in):
-    from carnator_core.cache import TrajectoryCache
-    from carnator_core.calibration import save
+    from carnator_core.cache.folder import TrajectoryCache
+    from carnator_core.calibration.fit import save
     from carnator_core.comfy_adapter import model_fingerprint
     model = tiny_models["wan21"]
     cache = TrajectoryCache(requests_in.cache_folder, 1 << 30)
@@ -234,7 +234,7 @@ def test_the_calibration_measures_each_class_with_its_own_guided_finish(tiny_mod
     from dataclasses import replace
 
     from carnator_core.gate import evidence_class
-    from carnator_core.self_calibration import compute_full, measure_direction, reuse_depths
+    from carnator_core.calibration.generic import compute_full, measure_direction, reuse_depths
     model = tiny_models["wan21"]
     settings = requests_in.settings
     p, steps = settings.probe_steps(requests_in.steps), requests_in.steps

@@ -57,7 +57,7 @@ def _sources_after(requests_in, model, min_saving):
     """Run PROMPT, then RELATED under min_saving; return RELATED's summary and the entries a
     third request's lookup may reuse."""
     from carnator_core import pipeline
-    from carnator_core.calibration import save
+    from carnator_core.calibration.fit import save
     from carnator_core.comfy_adapter import model_fingerprint
     save(RiskModel(calibrated=True, thresholds={"same_scene": {"0.5": 1.0}, "other": {"0.5": 50.0}},
                    confidence=0.9),

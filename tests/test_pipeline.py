@@ -60,7 +60,7 @@ def psnr(x: torch.Tensor, reference: torch.Tensor) -> float:
 def test_resuming_from_a_stored_snapshot_reproduces_the_trajectory(backbone, tiny_models, requests_in):
     """Snapshots are stored in sampler space; converting back must land on the same path:
     exactly from a float32 snapshot, within float16 rounding (≥ 45 dB) from the compact one."""
-    from carnator_core.entry_precision import from_entry
+    from carnator_core.cache.precision import from_entry
     from carnator_core.pipeline import TrajectoryRecord
     model = tiny_models[backbone]
     run = requests_in.run_obj(model, backbone, PROMPT)
@@ -150,7 +150,7 @@ def test_a_reused_trajectory_is_kept_for_exact_repeats_but_never_reused(tiny_mod
     """Chained reuse (C reusing B, which reused A) compounds B's own reuse error, and B's
     snapshots are A's trajectory, not what B's signature describes: only entries computed in
     full are reuse sources."""
-    from carnator_core.cache import TrajectoryCache
+    from carnator_core.cache.folder import TrajectoryCache
     model = tiny_models["wan21"]
     _, a = requests_in(model, "wan21", PROMPT)
     _, b = requests_in(model, "wan21", RELATED)

@@ -47,7 +47,7 @@ def _run(requests_in, model, prompt, nudge=0.0, policy="same_seed", latent_too=F
 
 def _session(requests_in, model, recurring, policy="same_seed"):
     """EDITED, then SCENE and three rewordings of it; return their summaries."""
-    from carnator_core.calibration import save
+    from carnator_core.calibration.fit import save
     from carnator_core.comfy_adapter import model_fingerprint
     # both classes certified at every depth: every-step finish, so a same-scene reuse
     # (no region M to fill) saves more than an edit's (M filled in two steps)
@@ -93,7 +93,7 @@ def test_the_second_request_of_a_served_scene_becomes_its_source(tiny_models, re
 
 
 def test_it_spends_nothing_where_same_scene_reuse_is_not_certified(tiny_models, requests_in):
-    from carnator_core.calibration import save
+    from carnator_core.calibration.fit import save
     from carnator_core.comfy_adapter import model_fingerprint
     model = tiny_models["wan21"]
     # other evidence accepted at any depth (λ at the logit's clamp), same-scene at none
@@ -109,7 +109,7 @@ def test_it_spends_nothing_where_same_scene_reuse_is_not_certified(tiny_models, 
 @pytest.mark.parametrize("recurring", [False, True])
 def test_reuses_are_indexed_apart_from_sources(tiny_models, requests_in, recurring):
     """A lookup of the class returns sources only; the served class returns reuses only."""
-    from carnator_core.cache_index import served_class
+    from carnator_core.cache.index import served_class
     model = tiny_models["wan21"]
     edited, scene, *rewordings = _session(requests_in, model, recurring)
     cache, pr = _probe(requests_in, model, SCENE, 5e-3)

@@ -1,12 +1,12 @@
-"""Computing region M's tokens alone (carnator_core/region_compute.py) on a real tiny Wan
+"""Computing region M's tokens alone (carnator_core/reuse/region_compute.py) on a real tiny Wan
 model in ComfyUI: a region call must give M exactly what a full call from the same input
 gives it (the outside's keys and values kept from that call), and a region finish must run
 its full calls and its region calls where it says. Counted, not timed."""
 import pytest
 import torch
 
-from carnator_core.guided_finish import GuidedFinish
-from carnator_core.region_compute import RegionCompute, RegionFinish, token_index
+from carnator_core.reuse.guided_finish import GuidedFinish
+from carnator_core.reuse.region_compute import RegionCompute, RegionFinish, token_index
 
 PROMPT = "a red ball rolls left across a green field"
 
@@ -94,7 +94,7 @@ def test_the_gate_counts_a_region_finish_at_m_s_share():
 
 
 def test_the_calibration_names_the_classes_measured_with_a_region_finish():
-    from carnator_core.calibration import measured_region_finish
+    from carnator_core.calibration.fit import measured_region_finish
     edit = {"region_fraction": 0.2, "similarity_gap": 0.1}
     same = {"region_fraction": 0.0, "similarity_gap": 0.0}
     region = {"features": edit, "depths": [{"k": 8}, {"k": 8, "finish_calls": 5, "region_steps": 7}]}
@@ -126,7 +126,7 @@ def test_a_hit_with_a_certified_region_finish_computes_m_alone_between_its_calls
 
 
 def test_a_region_finish_starts_only_where_its_calls_are_every_other_step():
-    from carnator_core.calibration import gate_decision
+    from carnator_core.calibration.fit import gate_decision
     from carnator_core.gate import REGION_FINISH_STEPS_PER_CALL, RiskModel, finish_allows
     assert REGION_FINISH_STEPS_PER_CALL == 2
     assert finish_allows(8, 20, 6, region=True) and not finish_allows(6, 20, 6, region=True)
@@ -168,7 +168,7 @@ def test_a_region_finish_keeps_its_share_of_the_trajectory_and_its_call_density_
         assert ("guided finish of 6 calls with region M" in plan.reason) is bool(calls)
     # the calibration's replay of the gate follows it: measured at 30 steps, a 4-call region
     # finish at k = 18 is not what the gate runs there (6 calls), a 6-call one is
-    from carnator_core.calibration import gate_decision
+    from carnator_core.calibration.fit import gate_decision
     at_30 = lambda k, calls: {"k": k, "depth_fraction": k / 30, "label": 0, "finish_calls": calls,
                               "region_steps": 30 - k, "token_share": 0.2}
     model = RiskModel(measured_steps=20, **certified)
@@ -179,7 +179,7 @@ def test_a_region_finish_keeps_its_share_of_the_trajectory_and_its_call_density_
 
 
 def test_the_calibration_records_the_steps_its_reuses_were_measured_with():
-    from carnator_core.calibration import measured_steps
+    from carnator_core.calibration.fit import measured_steps
     at = lambda n: {"features": {}, "depths": [{"k": k, "depth_fraction": k / n} for k in (4, 12)]}
     assert measured_steps([at(20), at(20)]) == 20 and measured_steps([at(30)]) == 30
     assert measured_steps([{"features": {}, "depths": []}]) == 0
@@ -201,7 +201,7 @@ def test_a_region_is_refused_where_the_conditioning_adds_tokens(tiny_models, req
 
 # ---------------------------------------------------------------- the fill of region M on its tokens
 def test_the_fill_on_m_starts_its_segments_at_stored_snapshots():
-    from carnator_core.region_compute import fill_segment_starts
+    from carnator_core.reuse.region_compute import fill_segment_starts
     snaps = [4, 6, 8, 10, 12, 14, 16]
     assert fill_segment_starts(2, 12, snaps) == [4, 8]   # the first after the probe, the middle
     assert fill_segment_starts(1, 16, snaps) == [4, 10]
@@ -210,7 +210,7 @@ def test_the_fill_on_m_starts_its_segments_at_stored_snapshots():
 
 
 def _segment_counts(starts, k):
-    from carnator_core.region_compute import FILL_SEGMENT_STEPS
+    from carnator_core.reuse.region_compute import FILL_SEGMENT_STEPS
     steps = [min(FILL_SEGMENT_STEPS, b - a) for a, b in zip(starts, starts[1:] + [k])]
     return len(starts), sum(s - 1 for s in steps)
 
@@ -220,7 +220,7 @@ def test_a_fill_on_m_computes_m_s_own_trajectory_among_the_stored_outside(tiny_m
     candidate's snapshots): a full call at each segment's start, M's tokens alone after it,
     the outside the candidate's stored latent at each start and at k."""
     from carnator_core.pipeline import TrajectoryRecord, fill_region
-    from carnator_core.region_compute import fill_segment_starts
+    from carnator_core.reuse.region_compute import fill_segment_starts
     from carnator_core.signature import tiles_to_latent_mask
     model = tiny_models["wan21"]
     run = requests_in.run_obj(model, "wan21", PROMPT, steps=20)
@@ -279,7 +279,7 @@ def test_a_hit_fills_m_as_its_calibration_measured(tiny_models, requests_in):
 
 def _reuse_filling_on_m(pipeline, pr, plan, requests_in):
     """Run the hit; check it made the fill on M's full and region calls; its summary."""
-    from carnator_core.region_compute import fill_segment_starts
+    from carnator_core.reuse.region_compute import fill_segment_starts
     n, k = pr.run.steps, plan.reuse_step
     starts = fill_segment_starts(pr.probe_steps, k, requests_in.settings.snapshot_steps(n))
     assert starts, f"no snapshot between the probe and k*={k}: nothing on M to test"
@@ -291,7 +291,7 @@ def _reuse_filling_on_m(pipeline, pr, plan, requests_in):
 
 
 def test_the_calibration_records_how_m_was_filled(tmp_path):
-    from carnator_core.calibration import measured_fill_on_m
+    from carnator_core.calibration.fit import measured_fill_on_m
     from carnator_core.gate import RiskModel
     edit = {"region_fraction": 0.2, "similarity_gap": 0.1}
     same = {"region_fraction": 0.0, "similarity_gap": 0.0}
@@ -337,7 +337,7 @@ def test_widen_tiles_grows_the_region_by_its_margin_in_space_and_time():
 
 
 def test_the_calibration_records_the_margin_m_was_widened_by(tmp_path):
-    from carnator_core.calibration import measured_region_margin
+    from carnator_core.calibration.fit import measured_region_margin
     from carnator_core.gate import RiskModel
     edit = {"region_fraction": 0.2, "similarity_gap": 0.1}
     same = {"region_fraction": 0.01, "similarity_gap": 0.0}

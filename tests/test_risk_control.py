@@ -1,4 +1,4 @@
-"""The gate's certified thresholds (carnator_core/risk_control.py, calibration.certify_model).
+"""The gate's certified thresholds (carnator_core/calibration/risk_control.py, calibration.certify_model).
 
 Synthetic cases with a known answer: scores s ~ U(0, 1), a reuse misses tolerance with
 probability s, so the risk among reuses accepted at threshold λ is λ/2 and the largest
@@ -9,8 +9,8 @@ import random
 
 import pytest
 
-from carnator_core import calibration as CAL
-from carnator_core import risk_control as RC
+from carnator_core.calibration import fit as CAL
+from carnator_core.calibration import risk_control as RC
 from carnator_core.gate import EVIDENCE_CLASSES, GateSettings, RiskModel, decide, evidence_class
 from carnator_core.signature import EarlySignature
 

@@ -101,6 +101,12 @@ def test_related_request_hits_through_the_server(server, name):
     if "a14b" in name:  # the workflow's two UNETLoaders, switched at step 6 of 12
         assert first["expert_calls"] == {"high_noise": 6, "low_noise": 6}, first["expert_calls"]
         assert sum(second["expert_calls"].values()) == second["steps_computed"]
+    # the model is named as it was loaded (both files of a pair), in the summary and the cache tab
+    workflow = json.loads((WORKFLOWS / "api" / f"{name}.api.json").read_text())
+    files = [n["inputs"]["unet_name"] for n in workflow.values() if n["class_type"] == "UNETLoader"]
+    assert f"model: {' + '.join(files)}" in second["text"], second["text"]
+    listed = {m["fingerprint"]: m for m in server.get("/carnator/calibration")["models"]}
+    assert files in [m["names"] for m in listed.values()], listed
 
 
 def test_hit_survives_a_server_restart(tmp_path):

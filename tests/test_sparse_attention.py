@@ -1,4 +1,4 @@
-"""Connectivity masks and block-sparse attention (carnator_core.connectivity / sparse_attention)."""
+"""Connectivity masks and block-sparse attention (carnator_core.reuse.connectivity / sparse_attention)."""
 import math
 import sys
 from pathlib import Path
@@ -9,11 +9,11 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from carnator_core import sparse_attention as sa  # noqa: E402
-from carnator_core.connectivity import (  # noqa: E402
+from carnator_core.reuse import sparse_attention as sa # noqa: E402
+from carnator_core.reuse.connectivity import (  # noqa: E402
     block_scores, connectivity_mask, effective_block_mask, expand_block_mask, mask_density,
     num_blocks, pack_mask, unpack_mask)
-from carnator_core.sparse_attention import (  # noqa: E402
+from carnator_core.reuse.sparse_attention import (  # noqa: E402
     backend_report, reset_sparse_call_counts, select_backend, sparse_attention,
     sparse_call_counts)
 

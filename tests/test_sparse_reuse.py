@@ -9,7 +9,7 @@ import pytest
 import torch
 from conftest import BACKBONES, Requests
 
-from carnator_core.sparse_attention import reset_sparse_call_counts, sparse_call_counts
+from carnator_core.reuse.sparse_attention import reset_sparse_call_counts, sparse_call_counts
 
 PROMPT = "a red ball rolls left across a green field"
 RELATED = "a red ball rolls left across a green field slowly"
@@ -121,7 +121,7 @@ def test_dense_stored_connectivity_is_not_run_sparse(tiny_models, tmp_path):
 def test_only_video_self_attention_is_classified_for_sparse_reuse():
     """Text-only attention (HunyuanVideo's token refiner) must never be taken for video:
     32 text tokens happen to equal a (4, 8, 8)-patch grid of a 5×32×32 latent."""
-    from carnator_core.sparse_reuse import AttentionPlan, SparseSettings
+    from carnator_core.reuse.sparse_reuse import AttentionPlan, SparseSettings
     plan = AttentionPlan(SparseSettings(), (5, 32, 32))
     assert plan.classify(32, 32, n_context=32) is None          # text refiner
     assert plan.classify(1280, 32, n_context=32) is None        # cross-attention
@@ -199,7 +199,7 @@ def test_hunyuan_hit_runs_sparse_with_the_order_observed_not_read(backbone, tiny
 
 
 def test_joint_order_is_read_from_which_value_rows_move():
-    from carnator_core.joint_order import IMAGE_FIRST, TEXT_FIRST, order_from_values
+    from carnator_core.reuse.joint_order import IMAGE_FIRST, TEXT_FIRST, order_from_values
     img, txt = torch.randn(1, 2, 6, 4), torch.randn(1, 2, 3, 4)
     moved = -img.flip(2)
     assert order_from_values(torch.cat([img, txt], 2), torch.cat([moved, txt], 2), 2, 6, 3) == IMAGE_FIRST

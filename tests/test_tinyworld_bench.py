@@ -48,7 +48,7 @@ def test_workload_files_shipped():
 
 
 def test_calibration_fit_save_load_and_gate_rule(tmp_path):
-    from carnator_core import calibration as CAL
+    from carnator_core.calibration import fit as CAL
     from carnator_core.gate import RiskModel, risk_model_for
     rng = random.Random(0)
     instances = []
@@ -285,7 +285,7 @@ def test_the_easycache_calibration_is_found_in_either_folder_or_refused(tmp_path
     """--easycache-risk-model takes a results folder or the calibration/ folder inside it, and
     a folder without the EasyCache'd model's calibration stops the run instead of quietly
     gating with the plain model's (a study once did, unnoticed)."""
-    from carnator_core import calibration as CAL
+    from carnator_core.calibration import fit as CAL
     from carnator_core.gate import RiskModel
     tw = _bench()
     model = RiskModel(probe_fraction=0.05)

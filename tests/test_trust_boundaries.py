@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from carnator_core.cache_backend import DATABASES_ENV, URL_ENV, database_location, open_cache
-from carnator_core.cache_files import CacheError
-from carnator_core.calibration_status import model_status, status_line
+from carnator_core.cache.backend import DATABASES_ENV, URL_ENV, database_location, open_cache
+from carnator_core.cache.files import CacheError
+from carnator_core.calibration.status import model_status, status_line
 from carnator_core.gate import RiskModel
 from pg_cluster import PgCluster, pg_bin
 
@@ -87,7 +87,7 @@ def test_a_frozen_database_costs_a_request_its_deadline_and_the_next_one_nothing
     unreachable) within the deadline instead of queueing behind it; the next request fails
     fast instead of waiting the deadline out again; once the server runs again, requests
     reconnect and hit."""
-    from carnator_core import cache_pg
+    from carnator_core.cache import postgres as cache_pg
     deadline = 3.0
     monkeypatch.setenv("CARNATOR_DB_DEADLINE_S", str(deadline))
     monkeypatch.setattr(cache_pg, "RETRY_AFTER_S", 8.0)

@@ -11,7 +11,7 @@ import pytest
 import torch
 from conftest import Requests
 
-from carnator_core import experts
+from carnator_core.reuse import experts
 from carnator_core.gate import GateSettings, RiskModel
 
 REPO = Path(__file__).resolve().parent.parent
@@ -181,7 +181,7 @@ def test_bad_pairs_and_boundaries_get_actionable_errors(pair, tiny_models, reque
 
 
 def test_hits_run_block_sparse_and_dense_calls_chain_to_an_existing_override(pair, tmp_path):
-    from carnator_core.sparse_attention import reset_sparse_call_counts, sparse_call_counts
+    from carnator_core.reuse.sparse_attention import reset_sparse_call_counts, sparse_call_counts
     seen = {"calls": 0}
 
     def users_override(func, *args, **kwargs):
@@ -206,11 +206,11 @@ def test_hits_run_block_sparse_and_dense_calls_chain_to_an_existing_override(pai
 def test_a_pair_is_calibrated_as_the_one_model_it_is(pair, requests_in):
     """Carnator Calibrate with a low_noise_model writes the calibration under the pair's
     fingerprint (both experts and the switch), and the pair's requests then use it."""
-    from carnator_core import prompt_pairs
+    from carnator_core.calibration import pairs as prompt_pairs
     from carnator_core.comfy_adapter import calibrate_model, model_fingerprint
     from carnator_core.demo_text import DEFAULT_LATENT_SHAPES
     from carnator_core.pipeline import ReuseSettings
-    from carnator_core.tolerance import Tolerance
+    from carnator_core.calibration.tolerance import Tolerance
     latent = {"samples": torch.zeros(DEFAULT_LATENT_SHAPES[BACKBONE])}
     pairs = prompt_pairs.pairs_from_text(f"{PROMPT} || {RELATED}", 4, seed=0)
     _, report = calibrate_model(pair["high"], None, latent, pairs, STEPS, 4.0, "euler", "simple",

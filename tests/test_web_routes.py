@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from server_harness import ComfyServer, carnator_outputs  # noqa: E402
 
-from carnator_core.cache import TrajectoryCache  # noqa: E402
+from carnator_core.cache.folder import TrajectoryCache  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 WORKFLOW = REPO / "workflows" / "api" / "carnator_wan21_4node.api.json"

@@ -201,8 +201,10 @@ class CachePanel {
           (levels.length ? ` · ${levels.join(", ")}` : ""));
       });
       return el("div", { class: "carnator-gate", dataset: { fingerprint: m.fingerprint } },
-        el("div", { class: "carnator-gate-model", title: m.example ? `e.g. “${m.example}”` : "" },
-          `model ${m.fingerprint.slice(0, 8)}`),
+        // named as people loaded it (a Wan 2.2 pair: both files); the fingerprint on hover
+        el("div", { class: "carnator-gate-model",
+                    title: `fingerprint ${m.fingerprint}` + (m.example ? ` · e.g. “${m.example}”` : "") },
+          (m.names ?? []).length ? m.names.join(" + ") : `model ${m.fingerprint.slice(0, 8)}`),
         el("div", { class: m.calibrated ? "carnator-gate-calibrated" : "carnator-gate-prior" }, what + ownN),
         audits.length ? audits : el("div", { class: "carnator-audit" }, "no live audits yet (audit_rate on the sampler)"));
     });

@@ -32,7 +32,7 @@ for p in (os.path.join(REPO, "tests"), REPO):
         sys.path.insert(0, p)
 sys.path.append(os.path.join(REPO, "bench"))  # last: bench/tinyworld.py is no package
 
-from carnator_core.risk_control import clopper_pearson_lower, clopper_pearson_upper  # noqa: E402
+from carnator_core.calibration.risk_control import clopper_pearson_lower, clopper_pearson_upper  # noqa: E402
 
 RESULTS = os.path.join(REPO, "bench", "results")
 
@@ -126,7 +126,7 @@ def main(argv=None) -> dict:
         "tolerance": {"audit": f"PSNR of decoded frames ≥ {a.psnr_bound:g} dB (the calibration's, no checker)",
                       "truth": f"PSNR ≥ {a.psnr_bound:g} dB and the checker agreeing where the full computation does"},
         "tightening_rule": "a class tightens once its audits at the current level number at least "
-                           "min_accepted(α, δ=0.1) and their false-accept rate exceeds α (carnator_core/audit.py)",
+                           "min_accepted(α, δ=0.1) and their false-accept rate exceeds α (carnator_core/calibration/audit.py)",
         "audits_off": rates(plain),
         "audits_on": rates(audited),
         "first_tightened_at_request": first_tight,

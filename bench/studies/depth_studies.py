@@ -27,7 +27,7 @@ import sys
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, REPO)
 
-from carnator_core import calibration as CAL  # noqa: E402
+from carnator_core.calibration import fit as CAL  # noqa: E402
 from carnator_core.gate import RiskModel  # noqa: E402
 
 RESULTS = os.path.join(REPO, "bench", "results")

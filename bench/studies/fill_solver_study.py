@@ -25,10 +25,10 @@ def main(argv=None) -> None:
     from bench_tw import World, DEFAULT_MODEL, check_ok, load_workload, psnr
     from carnator_core.gate import GateSettings, RiskModel, evidence_class
     from carnator_core.pipeline import ReuseSettings
-    from carnator_core import calibration as CAL
+    from carnator_core.calibration import fit as CAL
     world = World(DEFAULT_MODEL, steps=20, cfg=4.0, threads=1)
     from carnator_core import comfy_adapter as CA
-    from carnator_core.self_calibration import measure_direction
+    from carnator_core.calibration.generic import measure_direction
     _, L = load_workload("calibration")
     groups = collections.defaultdict(list)
     for l in L: groups[l["group"]].append(l)

@@ -62,7 +62,7 @@ def main(argv=None) -> dict:
     a = ap.parse_args(argv)
     from calibrate import _load_bench
     bench = _load_bench()
-    from carnator_core.guided_finish import GuidedFinish, finish_steps
+    from carnator_core.reuse.guided_finish import GuidedFinish, finish_steps
     from carnator_core.pipeline import ReuseSettings
     world = bench.World(bench.DEFAULT_MODEL, steps=a.steps)
     n = world.steps

@@ -98,7 +98,7 @@ def run(world, pairs, budget: float, risk_model_path: str | None, workdir: str) 
     from carnator_core.comfy_adapter import run_request, start_request
     from carnator_core.gate import GateSettings
     from carnator_core.pipeline import ReuseSettings
-    from carnator_core.sparse_reuse import SparseSettings
+    from carnator_core.reuse.sparse_reuse import SparseSettings
     settings = ReuseSettings(probe_fraction=0.1, gate=GateSettings(risk_budget=budget),
                              sparse=SparseSettings(enabled=False))
     out = []

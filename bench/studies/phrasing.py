@@ -50,7 +50,7 @@ if BENCH not in sys.path:  # last: bench/tinyworld.py is no package
     sys.path.append(BENCH)
 
 from calibrate import _load_bench  # noqa: E402
-from carnator_core.risk_control import clopper_pearson_lower, clopper_pearson_upper  # noqa: E402
+from carnator_core.calibration.risk_control import clopper_pearson_lower, clopper_pearson_upper  # noqa: E402
 
 ROWS = ("canonical", "caption", "training", "held_out")
 ATTRS = ("shape", "colour", "position", "motion", "count")

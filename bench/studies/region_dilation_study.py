@@ -69,7 +69,7 @@ def main(argv=None) -> dict:
     shard, shards = (int(x) for x in a.shard.split("/"))
     from calibrate import _load_bench
     bench = _load_bench()
-    from carnator_core.calibration import exceeds_tolerance
+    from carnator_core.calibration.fit import exceeds_tolerance
     from carnator_core.pipeline import ReuseSettings, fill_region
     from carnator_core.signature import tiles_to_latent_mask
     settings = ReuseSettings()

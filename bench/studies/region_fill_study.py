@@ -13,7 +13,7 @@ M's token share, the outside following the stored trajectory:
 - ``own_true``: the request's own x_k from its full computation (the oracle, not a method);
 - the fills built here run coarse steps of the request's own trajectory in *segments*: each
   segment's first step is a full call (its keys and values are kept), the rest compute M's
-  tokens alone (``carnator_core/region_compute.py``: M attends to its fresh keys and values
+  tokens alone (``carnator_core/reuse/region_compute.py``: M attends to its fresh keys and values
   plus the outside's kept). A segment that starts at a stored snapshot first replaces the
   outside by the candidate's stored latent there, so M is computed among the outside it will
   be resumed with. Cost: full calls + region calls × M's token share.
@@ -45,7 +45,7 @@ for p in (os.path.join(REPO, "tests"), REPO):
         sys.path.insert(0, p)
 sys.path.append(os.path.join(REPO, "bench"))  # last: bench/tinyworld.py is no package
 
-from carnator_core.region_compute import FillSegment  # noqa: E402
+from carnator_core.reuse.region_compute import FillSegment  # noqa: E402
 from region_finish_study import merged_shards, other_evidence_pairs, pair_study_parser  # noqa: E402
 
 RESULTS = os.path.join(REPO, "bench", "results")
@@ -109,9 +109,9 @@ def main(argv=None) -> dict:
     shard, shards = (int(x) for x in a.shard.split("/"))
     from calibrate import _load_bench
     bench = _load_bench()
-    from carnator_core.guided_finish import GuidedFinish
+    from carnator_core.reuse.guided_finish import GuidedFinish
     from carnator_core.pipeline import ReuseSettings, fill_region
-    from carnator_core.region_compute import RegionFinish
+    from carnator_core.reuse.region_compute import RegionFinish
     from carnator_core.signature import tiles_to_latent_mask
     settings = ReuseSettings()
     world = bench.World(bench.DEFAULT_MODEL, steps=a.steps)

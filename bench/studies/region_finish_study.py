@@ -3,7 +3,7 @@
     nice .venv/bin/python bench/studies/region_finish_study.py   # bench/results/studies/region_finish.json
 
 Hits with *other* evidence (edits, other scenes on the same noise) finish every step after
-k* today: the guided finish (``carnator_core/guided_finish.py``) loses them, because the
+k* today: the guided finish (``carnator_core/reuse/guided_finish.py``) loses them, because the
 changed object has to be drawn, and it is the object, inside region M, that the candidate's
 trajectory cannot guide. This study asks what a finish that splits the frame would keep:
 outside M the request follows the candidate's stored x̂0 plus its last measured offset (the
@@ -22,7 +22,7 @@ M filled by two coarse steps), and finishes each reuse at k = 4…14 of 20 in th
   C + (steps between) × (M's share of the latent cells), in model-call equivalents;
 - ``region_hold_C``: the same C calls, M holding the request's own last computed x̂0 between
   them (nothing computed between calls; cost C);
-- ``tokens_C``: the real thing (``carnator_core/region_compute.py``): between the C full
+- ``tokens_C``: the real thing (``carnator_core/reuse/region_compute.py``): between the C full
   calls the model computes M's tokens alone, attending to the outside's keys and values
   kept from the last full call; cost C + (steps between) × (M's share of the tokens).
 
@@ -60,7 +60,7 @@ for p in (os.path.join(REPO, "tests"), REPO):
         sys.path.insert(0, p)
 sys.path.append(os.path.join(REPO, "bench"))  # last: bench/tinyworld.py is no package
 
-from carnator_core.region_compute import RegionFinish  # noqa: E402
+from carnator_core.reuse.region_compute import RegionFinish  # noqa: E402
 
 RESULTS = os.path.join(REPO, "bench", "results")
 KINDS = {"partial": 10, "incompatible_close": 10, "edit_chain": 10, "session_chain": 10, "unrelated": 10}
@@ -74,8 +74,8 @@ def other_evidence_pairs(bench, world, settings, scale: float = 1.0):
     the gate allows: the later request of each pair reuses the earlier, both computed in full
     with their trajectories recorded."""
     from calibrate import group_of
-    from carnator_core.calibration import RiskModel
-    from carnator_core.self_calibration import evidence, evidence_class
+    from carnator_core.calibration.fit import RiskModel
+    from carnator_core.calibration.generic import evidence, evidence_class
     n, p = world.steps, settings.probe_steps(world.steps)
     snaps = settings.snapshot_steps(n)
     _, lines = bench.load_workload("calibration")
@@ -127,7 +127,7 @@ def calibration_verdict(guided_file: str, out: str) -> dict:
     """Failure rates of other-evidence reuses by kind and depth, finished every step (the
     committed calibration's measurements) and by the guided finish (``guided_file``), and the
     thresholds Learn-then-Test certifies when the calibration holds both."""
-    from carnator_core import calibration as CAL
+    from carnator_core.calibration import fit as CAL
     from carnator_core.gate import RiskModel, evidence_class
     paths = [os.path.join(RESULTS, f"calibration_measurements.{i}-of-2.jsonl") for i in (0, 1)]
     instances = [i for p in paths for i in CAL.load_instances(p)]
@@ -199,7 +199,7 @@ def main(argv=None) -> dict:
         return calibration_verdict(a.calibration_labels, a.calibration_labels.replace(".jsonl", ".json"))
     from calibrate import _load_bench
     bench = _load_bench()
-    from carnator_core.guided_finish import GuidedFinish
+    from carnator_core.reuse.guided_finish import GuidedFinish
     from carnator_core.pipeline import ReuseSettings, fill_region
     from carnator_core.signature import tiles_to_latent_mask
     settings = ReuseSettings()

@@ -20,7 +20,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 if REPO not in sys.path:
     sys.path.insert(0, REPO)
 
-from carnator_core import calibration as CAL  # noqa: E402
+from carnator_core.calibration import fit as CAL  # noqa: E402
 from carnator_core.gate import EVIDENCE, RISK_FORMS, evidence_class  # noqa: E402
 
 

@@ -5,7 +5,7 @@ checker-based one (bench/calibrate.py).
     nice .venv/bin/python bench/studies/self_calibrate.py --shard 1/2; wait
     .venv/bin/python bench/studies/self_calibrate.py                       # fit from the measurements
 
-Only what a user's model offers is used: prompt pairs from ``carnator_core.prompt_pairs``
+Only what a user's model offers is used: prompt pairs from ``carnator_core.calibration.pairs``
 (``derived_pairs``: its English edit operators, single and chained, applied to base prompts — here the anchor prompts of
 bench/workloads/calibration.jsonl, standing in for "the user's own prompt list"; none of the
 tiny world's pair kinds, generator or checker), labels by PSNR of the decoded frames against
@@ -33,9 +33,9 @@ for p in (os.path.join(REPO, "tests"), REPO):
         sys.path.insert(0, p)
 sys.path.append(os.path.join(REPO, "bench"))  # last: bench/tinyworld.py is no package
 
-from carnator_core import calibration as CAL  # noqa: E402
-from carnator_core import prompt_pairs as PP  # noqa: E402
-from carnator_core import self_calibration as SC  # noqa: E402
+from carnator_core.calibration import fit as CAL  # noqa: E402
+from carnator_core.calibration import pairs as PP  # noqa: E402
+from carnator_core.calibration import generic as SC  # noqa: E402
 from carnator_core.gate import RISK_FORMS  # noqa: E402
 
 OUT = os.path.join(REPO, "bench", "results", "self_calibration")

@@ -40,7 +40,7 @@ def replay(workload: str, budget: float, min_saving: float, policy: str, risk_mo
     from carnator_core.comfy_adapter import run_request
     from carnator_core.gate import GateSettings, Plan, evidence_class
     from carnator_core.pipeline import ReuseSettings
-    from carnator_core.sparse_reuse import SparseSettings
+    from carnator_core.reuse.sparse_reuse import SparseSettings
     _, lines = TWB.load_workload(workload, limit)
     folder = tempfile.mkdtemp(prefix="carnator_replay_")
     path = risk_model or TWB.default_risk_model(world.fingerprint)

@@ -2,11 +2,17 @@
 live audits measured against α (issue 11). Read by the node summary and the cache tab."""
 from __future__ import annotations
 
+import json
+import os
+import re
 from pathlib import Path
 
 from . import audit
-from .gate import (CALIBRATION_NAME, DEFAULT_PROBE_FRACTION, RiskModel, calibrated_probes,
+from ..gate import (CALIBRATION_NAME, DEFAULT_PROBE_FRACTION, RiskModel, calibrated_probes,
                    calibrated_steps, calibration_in_use, gate_model_for, same_probe)
+
+
+FINGERPRINT = re.compile(r"[0-9a-f]{32}")  # comfy_adapter.model_fingerprint's form
 
 
 def model_status(cache_folder: str | Path, fingerprint: str, model: RiskModel | None = None,
@@ -27,7 +33,8 @@ def model_status(cache_folder: str | Path, fingerprint: str, model: RiskModel | 
            "problem": problem, "audits": {}, "probe_fraction": float(probe_fraction),
            "other_probes": other_probes(folder, fingerprint, probe_fraction),
            # calibrations measured at one N, each used instead of the general one at its N
-           "calibrated_steps": calibrated_steps(folder, fingerprint)}
+           "calibrated_steps": calibrated_steps(folder, fingerprint),
+           "names": model_names(folder).get(fingerprint, [])}
     if (folder / audit.DB_NAME).exists():
         with audit.AuditLog(folder) as log:
             out["audits"] = log.status(fingerprint, audit.calibration_id(model))
@@ -39,13 +46,47 @@ def other_probes(folder: Path, fingerprint: str, probe_fraction: float) -> list[
     return [f for f in calibrated_probes(folder, fingerprint) if not same_probe(f, probe_fraction)]
 
 
+NAMES_FILE = "model_names.json"  # fingerprint → the file names people loaded it from
+
+
+def remember_model_names(cache_folder: str | Path, fingerprint: str, names: list[str]) -> None:
+    """Record which files a model fingerprint was loaded from, so the cache tab and summaries
+    can name it as the person did (a Wan 2.2 pair: both files). Written atomically."""
+    names = [str(n) for n in names if n]
+    if not names:
+        return
+    path = Path(cache_folder) / NAMES_FILE
+    known = model_names(cache_folder)
+    if known.get(fingerprint) == names:
+        return
+    known[fingerprint] = names
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(json.dumps(known, indent=1, sort_keys=True))
+    tmp.replace(path)
+
+
+def model_names(cache_folder: str | Path) -> dict[str, list[str]]:
+    """{fingerprint: [file names]}; {} when none were recorded or the file is unreadable."""
+    try:
+        data = json.loads((Path(cache_folder) / NAMES_FILE).read_text())
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(data, dict):
+        return {}
+    return {k: [str(n) for n in v] for k, v in data.items()
+            if FINGERPRINT.fullmatch(str(k)) and isinstance(v, list)}
+
+
 def known_fingerprints(cache_folder: str | Path, from_entries: list[str] = ()) -> list[str]:
     """Models with entries, a calibration file or audits in this cache folder."""
     folder = Path(cache_folder)
     found = set(from_entries)
     cal = folder / "calibration"
-    if cal.is_dir():  # a calibration for any probe or N (gate.calibration_file's names)
-        found |= {m.group(1) for p in cal.glob("*.json") if (m := CALIBRATION_NAME.fullmatch(p.name))}
+    if cal.is_dir():  # a calibration for any probe or N (gate.calibration_file's names) of a
+        # model fingerprint: not a stray JSON someone copied there (e.g. demo_models.json)
+        found |= {m.group(1) for p in cal.glob("*.json") if (m := CALIBRATION_NAME.fullmatch(p.name))
+                  and FINGERPRINT.fullmatch(m.group(1))}
     if (folder / audit.DB_NAME).exists():
         with audit.AuditLog(folder) as log:
             found |= {r[0] for r in log.db.execute("SELECT DISTINCT fingerprint FROM audits")}

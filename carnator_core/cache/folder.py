@@ -47,24 +47,22 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import save_file
 
-from .cache_files import (ENTRY_ID_RE, CacheError, EntryDamaged, EntryUnreadable,  # noqa: F401
+from .files import (ENTRY_ID_RE, CacheError, EntryDamaged, EntryUnreadable,  # noqa: F401
                           REMOVED_SUFFIX, FolderLock, kill_point, missing_reason, read_entry,
                           usage_path, valid_entry_id, write_usage)
-from .cache_descriptor_blocks import SQLITE, drop_all
-from .cache_descriptors import shortlist
-from .cache_entry import (DEFAULT_CAPACITY_BYTES, ENTRY_COLUMNS, LOG_ROWS_KEPT,  # noqa: F401
+from .descriptor_blocks import SQLITE, drop_all
+from .descriptors import shortlist
+from .entry import (DEFAULT_CAPACITY_BYTES, ENTRY_COLUMNS, LOG_ROWS_KEPT,  # noqa: F401
                           Candidate, LookupResult, StoredEntry, _entries, no_candidates, prepare_entry,
                           row_problem)
-from .cache_index import (UTILITY_ORDER, SqliteDescriptorSource, checked, file_identity,
+from .index import (UTILITY_ORDER, SqliteDescriptorSource, checked, file_identity,
                           forget_checked, put_entries, put_entry, totals)
-from .cache_repair import IndexRepair
+from .index import SCHEMA_VERSION  # noqa: F401 - part of this module's interface
+from .repair import IndexRepair
 
 log = logging.getLogger("carnator")
 
 DB_NAME = "carnator.sqlite"
-# 3: signatures and compact descriptors apart from the rows (issue 14)
-# 4: descriptors packed in blocks in the index, not a matrix per process (issue 14, memory)
-SCHEMA_VERSION = 4
 EVICT_BATCH = 256  # victims read per query: eviction walks the utility index, never scans
 
 

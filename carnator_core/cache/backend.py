@@ -21,9 +21,9 @@ import threading
 import time
 from pathlib import Path
 
-from .cache import DB_NAME, TrajectoryCache
-from .cache_index import checked, file_identity
-from .cache_repair import RECONCILE_EVERY_S
+from .folder import DB_NAME, TrajectoryCache
+from .index import checked, file_identity
+from .repair import RECONCILE_EVERY_S
 
 URL_ENV = "CARNATOR_CACHE_URL"  # an operator points every worker of a farm at one database
 # ...and may let workflows choose among a few more, by name: {"staging": "postgresql://…"}
@@ -81,7 +81,7 @@ def open_cache(location: str, capacity_bytes: int | None):
     """The cache at ``location`` (a folder or a postgresql:// URL) for one request.
     Raises CacheError (or sqlite3/OS errors) with a message a person can act on."""
     if is_database_url(location):
-        from .cache_pg import open_database  # psycopg is optional: only farms need it
+        from .postgres import open_database  # psycopg is optional: only farms need it
         return open_database(str(location).strip(), capacity_bytes)
     db_path = Path(location).expanduser().resolve() / DB_NAME
     key = str(db_path)

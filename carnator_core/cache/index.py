@@ -29,8 +29,12 @@ from typing import Any
 
 import numpy as np
 
-from .cache_descriptor_blocks import SQLITE, add_descriptors
-from .cache_descriptors import COMPACT_DIM, ID_CHARS, BlockHead, quantized, quantized_compact
+from .descriptor_blocks import SQLITE, add_descriptors
+from .descriptors import COMPACT_DIM, ID_CHARS, BlockHead, quantized, quantized_compact
+
+# 3: signatures and compact descriptors apart from the rows
+# 4: descriptors packed in blocks in the index, not a matrix per process (memory)
+SCHEMA_VERSION = 4
 
 # the eviction order, written exactly as the expression index so SQLite walks the index
 UTILITY_EXPR = "((steps_saved + 1.0) * (hits + 1.0) / max(bytes, 1))"
@@ -86,7 +90,7 @@ def served_class(class_key: str) -> str:
 
 def create_index_tables(db) -> None:
     """Inside a write transaction: the issue-14 tables, migrating a v2 index in place."""
-    from .cache_entry import ENTRY_COLUMNS
+    from .entry import ENTRY_COLUMNS
     tables = set(db.table_names())
     if "entries" not in tables:
         db["entries"].create({k: v for k, v in ENTRY_COLUMNS.items() if k != "signature"},

@@ -40,13 +40,14 @@ from typing import Any, Iterator
 import numpy as np
 import torch
 
-from .cache_entry import (ENTRY_COLUMNS, LOG_ROWS_KEPT, Candidate, LookupResult, StoredEntry,
+from .entry import (ENTRY_COLUMNS, LOG_ROWS_KEPT, Candidate, LookupResult, StoredEntry,
                           _entries, no_candidates, prepare_entry, row_problem)
-from .cache_descriptor_blocks import POSTGRES, drop_all
-from .cache_descriptors import shortlist
-from .cache_files import (CacheError, EntryDamaged, EntryUnreadable, kill_point,
+from .descriptor_blocks import POSTGRES, drop_all
+from .descriptors import shortlist
+from .location import default_folder
+from .files import (CacheError, EntryDamaged, EntryUnreadable, kill_point,
                           pause_point, read_entry_from, valid_entry_id)
-from .cache_pg_schema import (COLUMNS, SCHEMA, UTILITY_ORDER, PgDescriptorSource,
+from .postgres_schema import (COLUMNS, SCHEMA, UTILITY_ORDER, PgDescriptorSource,
                               fetch_one_and_free, migrate, put_entries, redact)
 
 log = logging.getLogger("carnator")
@@ -69,7 +70,7 @@ class PgState:
         self.schema_ready = False
         self.capacity_written: int | None = None  # what this process last recorded
         self.last_used = 0.0
-        self.folder = _local_folder()
+        self.folder = default_folder()  # calibration files stay on each machine
         self.blob_bytes_read = 0  # tensor bytes fetched (tests: range reads engage)
         self.deadline_s = deadline_s()
         self.timed_out_at: float | None = None  # when a call last ran out of time
@@ -546,14 +547,6 @@ class _Watchdog:
                 pass
         log.warning("Carnator: PostgreSQL cache %s gave no answer within %g s; connection dropped",
                     redact(self.state.url), self.state.deadline_s)
-
-
-def _local_folder() -> Path:
-    try:
-        from .comfy_adapter import default_cache_folder
-        return Path(default_cache_folder())
-    except ImportError:  # outside ComfyUI (migration command, benchmarks)
-        return Path(os.environ.get("CARNATOR_CACHE_DIR") or "~/.cache/carnator").expanduser()
 
 
 def _first_line(e: Exception) -> str:

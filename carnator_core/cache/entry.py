@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .cache_files import entry_checksum, hash_table, non_finite, valid_entry_id
+from .files import entry_checksum, hash_table, non_finite, valid_entry_id
 
 DEFAULT_CAPACITY_BYTES = 8 * 1024**3
 LOG_ROWS_KEPT = 10_000  # request and removal logs are trimmed to this many rows

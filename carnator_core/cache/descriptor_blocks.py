@@ -29,7 +29,7 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any, Callable
 
-from .cache_descriptors import BLOCK_ROWS, COMPACT_DIM, ID_CHARS
+from .descriptors import BLOCK_ROWS, COMPACT_DIM, ID_CHARS
 
 
 class Dialect:

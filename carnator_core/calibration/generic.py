@@ -24,10 +24,10 @@ from typing import Callable
 
 import torch
 
-from .gate import RiskModel, evidence, evidence_class, finish_allows, reuse_region
-from .pipeline import ReuseSettings, TrajectoryRecord, fill_region, guided_finish_for
-from .region_compute import RegionFinish
-from .signature import tiles_to_latent_mask
+from ..gate import RiskModel, evidence, evidence_class, finish_allows, reuse_region
+from ..pipeline import ReuseSettings, TrajectoryRecord, fill_region, guided_finish_for
+from ..reuse.region_compute import RegionFinish
+from ..signature import tiles_to_latent_mask
 from .tolerance import Tolerance, psnr
 
 
@@ -227,7 +227,7 @@ def calibrate(make_run: Callable[[str, int], object], pairs: list[dict], setting
     """Measure (resumably), fit, certify and save the calibration file the gate loads for
     ``fingerprint``; the report (with its held-out check) is saved beside it. ``form``: the
     risk form (``gate.RISK_FORMS``); by default the one that matches how M is filled."""
-    from . import calibration as CAL
+    from . import fit as CAL
     from .audit import DB_NAME, AuditLog
     path = CAL.calibration_path(cache_folder, fingerprint, settings.probe_fraction)
     instances = measure(pairs, make_run, settings, tolerance, progress_path(path), steps, seed,

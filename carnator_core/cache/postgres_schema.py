@@ -22,10 +22,10 @@ from typing import Any
 
 import numpy as np
 
-from .cache_entry import ENTRY_COLUMNS
-from .cache_descriptor_blocks import POSTGRES, add_descriptors
-from .cache_descriptors import COMPACT_DIM, ID_CHARS, BlockHead, quantized_compact
-from .cache_index import descriptor_of
+from .entry import ENTRY_COLUMNS
+from .descriptor_blocks import POSTGRES, add_descriptors
+from .descriptors import COMPACT_DIM, ID_CHARS, BlockHead, quantized_compact
+from .index import descriptor_of
 
 _PG_TYPES = {str: "text", int: "bigint", float: "double precision"}
 ROW_COLUMNS = [c for c in ENTRY_COLUMNS if c != "signature"]

@@ -17,7 +17,7 @@ import torch
 
 from .connectivity import (block_pool, connectivity_mask, count_bits, head_chunks, pack_rows,
                            pooled_scores, unpack_mask, unpack_rows)
-from .signature import VIDEO_PATCHES, token_grid
+from ..signature import VIDEO_PATCHES, token_grid
 from .sparse_attention import sparse_attention
 
 

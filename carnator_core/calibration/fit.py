@@ -17,7 +17,7 @@ import json
 import random
 from pathlib import Path
 
-from .gate import (DEFAULT_PROBE_FRACTION, EVIDENCE_CLASSES, FEATURES, RiskModel, calibration_file,
+from ..gate import (DEFAULT_PROBE_FRACTION, EVIDENCE_CLASSES, FEATURES, RiskModel, calibration_file,
                    evidence_class, finish_allows, finish_calls_at, finish_cost, option_key)
 from .risk_control import certify, clopper_pearson_upper
 

@@ -28,8 +28,8 @@ from typing import Any
 
 import numpy as np
 
-from .cache_index import create_index_tables, put_entry, totals
-from .cache_files import (ENTRY_ID_RE, REMOVED_SUFFIX, CacheError, EntryDamaged, EntryUnreadable,
+from .index import create_index_tables, put_entry, totals
+from .files import (ENTRY_ID_RE, REMOVED_SUFFIX, CacheError, EntryDamaged, EntryUnreadable,
                           kill_point, missing_reason, read_entry, read_usage)
 
 log = logging.getLogger("carnator")
@@ -156,7 +156,7 @@ class IndexRepair:
         with self._db() as db:
             if db.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
                 db.execute("PRAGMA journal_mode=WAL")
-        from .cache import SCHEMA_VERSION
+        from .index import SCHEMA_VERSION
         with self._write() as db:
             tables = set(db.table_names())
             if "meta" not in tables:
@@ -268,7 +268,7 @@ class IndexRepair:
     def _row_from_file(self, path: Path, entry_id: str) -> dict[str, Any]:
         """The index row an entry file describes, fully verified against its own checksums,
         with the pins and hits of its sidecar."""
-        from .cache import ENTRY_COLUMNS
+        from .entry import ENTRY_COLUMNS
         meta_row, tensors, checksum = read_entry(path, entry_id, None, None)
         if "signature" not in tensors:
             raise EntryDamaged(f"{path.name}: has no signature tensor")

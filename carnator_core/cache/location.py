@@ -12,6 +12,22 @@ import os
 from pathlib import Path
 
 ROOTS_ENV = "CARNATOR_CACHE_ROOTS"
+_default_folder = None  # the host's choice, registered by the ComfyUI adapter
+
+
+def set_default_folder(provider) -> None:
+    """The host says where this process keeps its cache by default (the ComfyUI adapter:
+    ComfyUI's user directory); the cache itself never asks the host."""
+    global _default_folder
+    _default_folder = provider
+
+
+def default_folder() -> Path:
+    """This process's local cache folder: the host's default, else CARNATOR_CACHE_DIR, else
+    ~/.cache/carnator (the migration command and benchmarks outside ComfyUI)."""
+    if _default_folder is not None:
+        return Path(_default_folder())
+    return Path(os.environ.get("CARNATOR_CACHE_DIR") or "~/.cache/carnator").expanduser()
 
 
 def operator_roots() -> list[str]:

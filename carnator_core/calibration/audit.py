@@ -26,7 +26,7 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from .gate import DEFAULT_PROBE_FRACTION, EVIDENCE_CLASSES, RiskModel, evidence_class, same_probe
+from ..gate import DEFAULT_PROBE_FRACTION, EVIDENCE_CLASSES, RiskModel, evidence_class, same_probe
 from .risk_control import clopper_pearson_lower, clopper_pearson_upper, min_accepted
 
 DB_NAME = "audits.sqlite"

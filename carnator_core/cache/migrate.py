@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
 
-from .cache_backend import is_database_url, open_cache
-from .cache_files import EntryDamaged, EntryUnreadable, read_entry_from, write_usage
+from .backend import is_database_url, open_cache
+from .files import EntryDamaged, EntryUnreadable, read_entry_from, write_usage
 
 BATCH = 64  # entries per destination transaction
 
@@ -50,7 +50,7 @@ def _sqlite_entries(cache) -> Iterator[tuple[dict, bytes]]:
 
 
 def _pg_entries(cache) -> Iterator[tuple[dict, bytes]]:
-    from .cache_pg_schema import COLUMNS
+    from .postgres_schema import COLUMNS
     offset = 0
     while True:
         with cache._tx() as cur:
