@@ -26,11 +26,7 @@ import sys
 import tempfile
 import time
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-for p in (os.path.join(REPO, "tests"), REPO):
-    if p not in sys.path:
-        sys.path.insert(0, p)
-sys.path.append(os.path.join(REPO, "bench"))  # last: bench/tinyworld.py is no package
+from study_paths import REPO  # noqa: E402 - sys.path for the repository, tests/ and bench/
 
 from carnator_core.calibration.risk_control import clopper_pearson_lower, clopper_pearson_upper  # noqa: E402
 

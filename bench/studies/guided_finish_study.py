@@ -25,11 +25,7 @@ import os
 import sys
 import time
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-for p in (os.path.join(REPO, "tests"), REPO):
-    if p not in sys.path:
-        sys.path.insert(0, p)
-sys.path.append(os.path.join(REPO, "bench"))  # last: bench/tinyworld.py is no package
+from study_paths import REPO  # noqa: E402 - sys.path for the repository, tests/ and bench/
 
 RESULTS = os.path.join(REPO, "bench", "results")
 KINDS = {"compatible_far": 24, "edit_chain": 8, "partial": 8, "incompatible_close": 8}

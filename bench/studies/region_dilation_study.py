@@ -29,11 +29,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-for p in (os.path.join(REPO, "tests"), REPO):
-    if p not in sys.path:
-        sys.path.insert(0, p)
-sys.path.append(os.path.join(REPO, "bench"))  # last: bench/tinyworld.py is no package
+from study_paths import REPO  # noqa: E402 - sys.path for the repository, tests/ and bench/
 
 from region_finish_study import merged_shards, other_evidence_pairs, pair_study_parser  # noqa: E402
 

@@ -39,11 +39,7 @@ import time
 
 import torch
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-for p in (os.path.join(REPO, "tests"), REPO):
-    if p not in sys.path:
-        sys.path.insert(0, p)
-sys.path.append(os.path.join(REPO, "bench"))  # last: bench/tinyworld.py is no package
+from study_paths import REPO  # noqa: E402 - sys.path for the repository, tests/ and bench/
 
 from carnator_core.reuse.region_compute import FillSegment  # noqa: E402
 from region_finish_study import merged_shards, other_evidence_pairs, pair_study_parser  # noqa: E402
