@@ -1,4 +1,4 @@
-"""Calibrate the gate's risk model on the tiny world (DESIGN.md §2.4, issue 5 item 6).
+"""Calibrate the gate's risk model on the tiny world (DESIGN.md §2.4).
 
     nice -n 10 .venv/bin/python bench/calibrate.py                 # bench/workloads/calibration.jsonl
     .venv/bin/python bench/calibrate.py --limit-pairs 20 --cache /tmp/c   # a quick one

@@ -1,4 +1,4 @@
-"""Carnator, ComfyUI's EasyCache, and both, at matched quality (issue 10, composition).
+"""Carnator, ComfyUI's EasyCache, and both, at matched quality (composition).
 
     python bench/compose_report.py bench/results/studies/tinyworld_compute_serve_probe1.json \
         bench/results/studies/tinyworld_compute_serve_default.json \

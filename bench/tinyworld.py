@@ -80,7 +80,7 @@ def load_workload(name_or_path: str, limit: int | None = None) -> tuple[str, lis
 
 def require_scene(line: dict, path: str, number: int) -> None:
     """Refuse a line without a valid scene: reading one back from the prompt could judge the
-    request against a scene it never asked for (issue 13)."""
+    request against a scene it never asked for."""
     from tinyworld import world as WD
     values = {"shape": WD.SHAPES, "colour": WD.COLOURS, "position": WD.POSITIONS, "motion": WD.MOTIONS}
     scene = line.get("scene")

@@ -1,4 +1,4 @@
-"""CarnatorCalibrate: calibrate the gate on the connected model (issue 11)."""
+"""CarnatorCalibrate: calibrate the gate on the connected model."""
 from __future__ import annotations
 
 from comfy_api.latest import io

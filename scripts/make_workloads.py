@@ -22,10 +22,10 @@ comparisons never have to read prose back (a speed word, for one, is in the prom
   the colours of two objects swapped, an object added or removed, a speed word added or
   changed (the world has one speed, so the reference decides what the word does).
 - calibration_paraphrases.jsonl: 360 more paraphrase pairs, groups after the calibration's
-  (a study of the same-scene guided finish, issue 10).
+  (a study of the same-scene guided finish).
 - serve_reworded.jsonl: serve's requests (same scenes, popularity and seeds), each written in
   the held-out template families of tinyworld.language, phrasings neither the model's training
-  nor the calibration ever drew: the gate on people's own rewording (issue 13).
+  nor the calibration ever drew: the gate on people's own rewording.
 """
 from __future__ import annotations
 
@@ -276,7 +276,7 @@ def edit_chains(n_pairs=120, seed=3030, first_group=0, exclude=(), lengths=(2, 3
 def session_pairs(n_pairs=160, first_group=0, exclude=()):
     """Pairs one to eight of iterate's edits apart, the edits drawn as iterate draws them
     (a one-of-two object change twice as often): in an editing session the reuse source is
-    the last request computed in full, often several edits back. Measured (issue 10): the
+    the last request computed in full, often several edits back. Measured: the
     gate's budget broke on iterate (10% at α = 0.05) while it held on the calibration's
     held-out pairs, whose chains were only two or three edits long; a guarantee holds on
     traffic like the calibration's, so the calibration must contain such traffic."""

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Issue 13's retraining of the tiny world on the broad language, as one resumable recipe:
 # rerun it (same arguments) until it says the chain is done; each run trains for MINUTES.
-#   stage A: the committed model fine-tuned on half broad-language captions to 6,000 steps
+#   stage A: the caption-trained model fine-tuned on half broad-language captions to 6,000 steps
 #            (models/tinyworld_broad/);
 #   stage B: from stage A's checkpoint, the phrase-consistency loss (--consistency 20) to
 #            21,124 steps (models/tinyworld_inv/), where more steps stopped closing the gap;

@@ -9,7 +9,7 @@
 Language: ``--language broad`` draws ``--broad-share`` of the bank's captions from
 tinyworld.language's training families of revision 1, ``broad2`` from every training family
 (revision 2) (the rest stay world.caption()'s); the held-out
-families are for bench/studies/phrasing.py only. The default, ``caption``, is the committed model's.
+families are for bench/studies/phrasing.py only. The default, ``caption``, is the caption-trained model's.
 
 Curriculum / recipe options: ``--objects 1`` trains on the 1-object scenes of the bank only
 (and makes --eval use 1-object prompts); ``--p-high``/``--high-lo`` add samples at nearly pure
@@ -116,7 +116,7 @@ def init_weights(m):
 # --------------------------------------------------------------------------- data
 def bank_captions(n, seed, language="caption", broad_share=0.5):
     """The bank's scenes and training captions. ``caption``: world.caption()'s paraphrases
-    (the committed model's bank, unchanged); ``broad``: a share ``broad_share`` of
+    (the caption-trained model's bank, unchanged); ``broad``: a share ``broad_share`` of
     tinyworld.language's training-family phrasings, the rest caption()'s (issue 13; the
     held-out families never enter)."""
     rng = random.Random(seed)
@@ -610,14 +610,14 @@ def main():
     p.add_argument("--bank", type=int, default=8192)
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--language", choices=("caption", "broad", "broad2"), default="caption",
-                   help="training captions: world.caption()'s paraphrases (the committed model), or "
+                   help="training captions: world.caption()'s paraphrases (the caption-trained model), or "
                         "'broad' / 'broad2': tinyworld.language's training families of revision 1 / 2 mixed "
-                        "with them (issue 13)")
+                        "with them")
     p.add_argument("--broad-share", type=float, default=0.5,
                    help="with --language broad, the share of captions from the training families")
     p.add_argument("--consistency", type=float, default=0.0,
                    help="weight of a loss tying the predictions for two phrasings of one scene (same "
-                        "clip, noise and sigma) together; half the batch's scenes, each told twice (issue 13)")
+                        "clip, noise and sigma) together; half the batch's scenes, each told twice")
     p.add_argument("--sizes", default=f"{WD.T}x{WD.H}",
                    help="training sizes, frames x pixels, one per batch: '2x16,4x32,8x48' (a size may carry "
                         "its own batch: '8x48:16'), or 'all' (world.SIZES); default the world's 4x32")

@@ -1,7 +1,7 @@
-"""A broad language for tiny-world scenes, in named template families (issue 13).
+"""A broad language for tiny-world scenes, in named template families.
 
 ``world.caption()`` writes three object templates, three joiners and a few one-word synonyms;
-the committed model was trained on that alone and follows people's other phrasings far less
+the caption-trained model was trained on that alone and follows people's other phrasings far less
 often. :func:`phrase` writes the same scenes the many ways people do. For one green
 triangle in the top left falling:
 

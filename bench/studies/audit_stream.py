@@ -1,4 +1,4 @@
-"""Live audits under drift (issue 11): serve a stream the calibration never saw, audit a
+"""Live audits under drift: serve a stream the calibration never saw, audit a
 share of the hits, and watch the running false-accept estimate, the moment the gate
 tightens, and the false-accept rate after it.
 

@@ -1,4 +1,4 @@
-"""What limits reuse depth, from calibration measurements (issue 10): no model runs here.
+"""What limits reuse depth, from calibration measurements: no model runs here.
 
     .venv/bin/python bench/studies/depth_studies.py                       # bench/results/depth_studies.json
     .venv/bin/python bench/studies/depth_studies.py --fill out/fill2/calibration_measurements.jsonl

@@ -1,4 +1,4 @@
-"""Study (issue 10): does a better coarse fill of region M let edits resume deeper?
+"""Study: does a better coarse fill of region M let edits resume deeper?
 
     nice -n 5 .venv/bin/python bench/studies/fill_solver_study.py   # ~7 min, --per 6 pairs per kind
 

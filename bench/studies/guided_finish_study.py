@@ -1,4 +1,4 @@
-"""How many model calls a reuse's finish needs, and what guides the steps between (issue 10).
+"""How many model calls a reuse's finish needs, and what guides the steps between.
 
     nice .venv/bin/python bench/studies/guided_finish_study.py      # bench/results/guided_finish_study.json
 

@@ -1,4 +1,4 @@
-"""Does the tiny-world model follow how people write? (issue 13)
+"""Does the tiny-world model follow how people write?
 
     nice -n 10 .venv/bin/python bench/studies/phrasing.py                  # 120 scenes, ~7 min on one core
     .venv/bin/python bench/studies/phrasing.py --scenes 5 --out /tmp/p.json  # a quick look
@@ -9,7 +9,7 @@ the benchmark's reference path: 20 steps, cfg 4, euler, same_seed) and judged by
 against the scene -- never by reading the prompt:
 
 - ``canonical``  ``world.caption(scene, canonical=True)``;
-- ``caption``    a ``world.caption()`` paraphrase: the language the committed model was trained on;
+- ``caption``    a ``world.caption()`` paraphrase: the language the caption-trained model was trained on;
 - ``training``   K distinct phrasings from the training families of the language's revision 1
                  (``TRAIN_FAMILIES_REVISION_1``; --training, as many as held-out ones: the gap to
                  training compares like with like). Revision 2 added training families; drawing
@@ -204,7 +204,7 @@ def results_of(recs: list[dict], psnrs: dict, bound: float) -> dict:
 
 
 def main(argv=None) -> dict:
-    ap = argparse.ArgumentParser(description="Tiny-world phrasing benchmark (issue 13)")
+    ap = argparse.ArgumentParser(description="Tiny-world phrasing benchmark")
     ap.add_argument("--model", default=None, help="ComfyUI diffusion model (default: the committed tiny-world model)")
     ap.add_argument("--scenes", type=int, default=120, help="scenes, alternately one and two objects")
     ap.add_argument("--held-out", type=int, default=3, help="distinct held-out phrasings per scene")

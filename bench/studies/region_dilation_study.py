@@ -1,4 +1,4 @@
-"""Where do deep edits fail once region M follows its own trajectory, and does a wider M help? (issue 10)
+"""Where do deep edits fail once region M follows its own trajectory, and does a wider M help?
 
     nice .venv/bin/python bench/studies/region_dilation_study.py --shard 0/2   # and 1/2, in parallel
     .venv/bin/python bench/studies/region_dilation_study.py --merge <the two shard files>

@@ -1,4 +1,4 @@
-"""Can region M follow the request's own trajectory to k*, computed on M's tokens alone? (issue 10)
+"""Can region M follow the request's own trajectory to k*, computed on M's tokens alone?
 
     nice .venv/bin/python bench/studies/region_fill_study.py   # bench/results/studies/region_fill.json
 

@@ -1,4 +1,4 @@
-"""Can edits be finished like paraphrases if region M is computed and the rest guided? (issue 10)
+"""Can edits be finished like paraphrases if region M is computed and the rest guided?
 
     nice .venv/bin/python bench/studies/region_finish_study.py   # bench/results/studies/region_finish.json
 

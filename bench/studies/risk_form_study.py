@@ -1,4 +1,4 @@
-"""How well does each risk form rank the edits that miss tolerance, depth by depth? (issue 10)
+"""How well does each risk form rank the edits that miss tolerance, depth by depth?
 
     .venv/bin/python bench/studies/risk_form_study.py bench/results/studies/fill_on_m_calibration/calibration_measurements.*-of-2.jsonl
     # → bench/results/studies/risk_forms.json

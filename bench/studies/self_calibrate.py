@@ -1,4 +1,4 @@
-"""The generic calibration (issue 11) run on the tiny world, to check it against the
+"""The generic calibration run on the tiny world, to check it against the
 checker-based one (bench/calibrate.py).
 
     nice .venv/bin/python bench/studies/self_calibrate.py --shard 0/2 &   # measure (2 processes)

@@ -2,7 +2,7 @@
 grow with the cache: compact descriptors scanned block by block.
 
 A stored signature's global vector is 10–50 KB (x̂0 and feature tiles). Reading every one of
-them per lookup made lookup linear in the cache size (issue 14). Instead each entry also
+them per lookup made lookup linear in the cache size. Instead each entry also
 keeps a *compact descriptor*: the unit global vector through a fixed seeded random
 projection to ``COMPACT_DIM`` floats (Johnson–Lindenstrauss: cosines survive up to about
 1/√COMPACT_DIM), quantized to int8. Lookup ranks every entry of the class by that, then

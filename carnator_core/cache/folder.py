@@ -21,7 +21,7 @@ What the cache promises, and how (tests/test_cache_faults.py checks each under k
   quarantine anything: the entry stays and the request runs without it.
 - Entry ids are random hex generated here; a file path is only ever built from an id that
   fully matches ``ENTRY_ID_RE`` — never from user input. Nothing is ever pickled.
-- It stays fast when full (issue 14): lookup scans compact descriptors packed in blocks
+- It stays fast when full: lookup scans compact descriptors packed in blocks
   in the index (a fixed-size cache of them per process: memory does not grow with the
   number of entries) and reads only a short list's signatures; sizes are counters;
   eviction walks an index. Requests open it through cache_backend.open_cache, which checks

@@ -1,4 +1,4 @@
-"""Live audits of accepted reuses: is the risk budget α kept on *this* traffic? (issue 11)
+"""Live audits of accepted reuses: is the risk budget α kept on *this* traffic?
 
 A share of hits (the audit rate) is also computed in full, from the same noise, and the pair
 is labelled with the calibration's own tolerance. Audits are kept per model fingerprint in

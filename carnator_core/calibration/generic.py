@@ -1,4 +1,4 @@
-"""Calibrate the gate on any model with no ground truth but the model itself (issue 11).
+"""Calibrate the gate on any model with no ground truth but the model itself.
 
 For each prompt pair (``prompt_pairs``) both requests are computed in full from the same
 noise; then, in both directions, the request *actually reuses* the other's trajectory at

@@ -1,4 +1,4 @@
-"""Prompt pairs in plain English for calibrating the gate on a user's own model (issue 11).
+"""Prompt pairs in plain English for calibrating the gate on a user's own model.
 
 Calibration needs pairs of requests like the ones a cache will meet: a prompt and a
 neighbour — reworded, edited in one attribute, mirrored, with an object added or removed,
@@ -68,7 +68,7 @@ MULTI_STEP = ("chain", "session")
 # An editing session reuses the last request computed in full, often several edits back:
 # "chain" applies two or three of these in a row (``pairs(kinds=("chain",))``); "session"
 # one to eight, drawn with replacement and with removals, as a long session drifts. Measured
-# on the tiny world (issue 10): a gate calibrated on chains of two or three edits broke its
+# on the tiny world: a gate calibrated on chains of two or three edits broke its
 # budget on editing sessions, whose reuse sources were up to eight edits back.
 CHAIN_STEPS = ("paraphrase", "colour", "mirror", "left_right", "motion", "speed", "add_object")
 SESSION_STEPS = CHAIN_STEPS + ("remove_object",)

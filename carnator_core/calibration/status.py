@@ -1,5 +1,5 @@
 """What a person needs to know about a model's gate: calibrated or not, from what, and what
-live audits measured against α (issue 11). Read by the node summary and the cache tab."""
+live audits measured against α. Read by the node summary and the cache tab."""
 from __future__ import annotations
 
 import json

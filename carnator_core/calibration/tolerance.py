@@ -1,5 +1,5 @@
 """What "beyond tolerance" means when no checker exists: PSNR against the request's own
-full computation, on decoded frames or on the latent (issue 11). Plain torch."""
+full computation, on decoded frames or on the latent. Plain torch."""
 from __future__ import annotations
 
 import math

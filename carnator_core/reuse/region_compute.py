@@ -1,4 +1,4 @@
-"""Compute only region M's tokens at the steps between a finish's full calls (issue 10).
+"""Compute only region M's tokens at the steps between a finish's full calls.
 
 A reuse with other evidence (an edit) needs its own prediction only inside region M: outside
 it, the candidate's stored trajectory guides it (``guided_finish.py``). A DiT can compute a
