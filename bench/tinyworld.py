@@ -183,17 +183,19 @@ class World:
 
 
 class ComputeMeter:
-    """The work the diffusion model really does: token rows entering its first transformer
+    """The work the diffusion model really does: token rows entering its last transformer
     block, counted by a forward pre-hook on the (shared) module. It sees what a system's own
     bookkeeping may not: a call EasyCache skipped never reaches the block, a region call brings
-    only region M's tokens, a probe or fill call counts like any other. Bench only."""
+    only region M's tokens, a probe or fill call counts like any other. The last block, not
+    the first: the adapter's joint-order check re-runs the first block alone once (a
+    1/layers-of-a-call cost), which must not count as a whole model call. Bench only."""
 
     def __init__(self, model):
         blocks = getattr(model.model.diffusion_model, "blocks", None)
         self.rows = 0
         self.available = blocks is not None and len(blocks) > 0
         if self.available:
-            blocks[0].register_forward_pre_hook(self._count, with_kwargs=True)
+            blocks[-1].register_forward_pre_hook(self._count, with_kwargs=True)
 
     def _count(self, module, args, kwargs):
         x = args[0] if args else kwargs["x"]
