@@ -27,7 +27,7 @@ import comfy.sample
 import comfy.samplers
 import comfy.utils
 
-from .cache.location import set_default_folder
+from .cache.location import default_folder, set_default_folder
 from .reuse import experts
 from .keys import CompatibilityClass, digest, sigma_schedule_digest, tensor_digest, weight_digest
 from .reuse.joint_order import TEXT_FIRST, OrderProbe, moved_image
@@ -323,19 +323,21 @@ def model_file_names(prompt_graph: dict | None, node_id: str | None, depth: int 
     return names
 
 
-def default_cache_folder() -> str:
+def _comfyui_cache_folder() -> str | None:
     """Under ComfyUI's user directory, so it survives restarts and updates of the pack."""
-    env = os.environ.get("CARNATOR_CACHE_DIR")
-    if env:
-        return env
     try:
         import folder_paths
         return os.path.join(folder_paths.get_user_directory(), "carnator_cache")
     except Exception:  # noqa: BLE001 - outside a ComfyUI process
-        return os.path.join(os.path.expanduser("~"), ".cache", "carnator")
+        return None
 
 
-set_default_folder(default_cache_folder)  # the cache (a database's local files too) asks no host
+set_default_folder(_comfyui_cache_folder)  # the cache (a database's local files too) asks no host
+
+
+def default_cache_folder() -> str:
+    """CARNATOR_CACHE_DIR, else ComfyUI's user directory, else ~/.cache/carnator."""
+    return str(default_folder())
 
 
 # ------------------------------------------------------------------ evidence collection

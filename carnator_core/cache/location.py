@@ -23,11 +23,13 @@ def set_default_folder(provider) -> None:
 
 
 def default_folder() -> Path:
-    """This process's local cache folder: the host's default, else CARNATOR_CACHE_DIR, else
-    ~/.cache/carnator (the migration command and benchmarks outside ComfyUI)."""
-    if _default_folder is not None:
-        return Path(_default_folder())
-    return Path(os.environ.get("CARNATOR_CACHE_DIR") or "~/.cache/carnator").expanduser()
+    """This process's local cache folder: the operator's CARNATOR_CACHE_DIR, else the host's
+    default (ComfyUI's user directory, when the host has one), else ~/.cache/carnator (the
+    migration command and benchmarks outside ComfyUI)."""
+    if os.environ.get("CARNATOR_CACHE_DIR"):
+        return Path(os.environ["CARNATOR_CACHE_DIR"])
+    hosted = _default_folder() if _default_folder is not None else None
+    return Path(hosted) if hosted else Path("~/.cache/carnator").expanduser()
 
 
 def operator_roots() -> list[str]:
