@@ -867,6 +867,11 @@ class ComfyRun:
         return tuple(self.latent_image.shape)
 
     @property
+    def patch_size(self) -> tuple[int, int, int] | None:
+        """The (t, h, w) latent cells per token (None where the model keeps it elsewhere)."""
+        return model_patch_size(self.model)
+
+    @property
     def backbone(self) -> str:
         return "+".join(backbone_name(e.model) for e in self.experts)
 

@@ -39,8 +39,45 @@ SAME_SCENE_GAP = 0.005
 
 
 def option_key(klass: str, finish_calls: int) -> str:
-    """Where a class's thresholds for a finish live in ``RiskModel.thresholds``."""
+    """Where a class's thresholds for a finish live in ``RiskModel.thresholds`` (``klass`` an
+    evidence class or a share cell of one, ``share_cell``)."""
     return f"{klass}:guided" if finish_calls else klass
+
+
+def class_of_option(key: str) -> str:
+    """The evidence class a thresholds key belongs to: ``other/75:guided`` → ``other``."""
+    return key.split(":")[0].split("/")[0]
+
+
+# Other evidence is certified apart by the share of the tokens the reuse computes itself
+# (region M after widening, ``reuse_region``): a reuse that recomputes a sixth of the frame
+# and one that recomputes all of it along a coarse fill from the probe are different reuses,
+# and one threshold for both let the second through on the first's record. Measured at N = 50
+# (the bundled calibration's pairs): deep reuses beyond tolerance were 12% with M at 25–50% of
+# the tokens and 3% above 75%, where the pairs were mostly unrelated scenes, while editing
+# sessions the calibration never saw failed there. Each cell keeps its own guarantee, and a
+# cell its calibration could not certify is refused, not extrapolated to.
+REGION_SHARE_BOUNDS = (0.25, 0.5, 0.75, 1.0)
+
+
+def share_cell(klass: str, share: float | None, bounds) -> str:
+    """The certified cell of this evidence: the class itself, or for other evidence under a
+    calibration with share bounds ``other/<upper bound in %>`` of the bin holding ``share``
+    (unknown: the widest bin)."""
+    if klass != "other" or not bounds:
+        return klass
+    share = 1.0 if share is None else float(share)
+    upper = next((b for b in bounds if share <= float(b) + 1e-9), bounds[-1])
+    return f"other/{round(float(upper) * 100)}"
+
+
+def share_bin_text(cell: str, bounds) -> str:
+    """``other/75`` → "other evidence recomputing 50–75% of the tokens"."""
+    if "/" not in cell:
+        return f"{cell.replace('_', '-')} evidence"
+    upper = int(cell.split("/")[1])
+    lower = max([round(float(b) * 100) for b in bounds if round(float(b) * 100) < upper], default=0)
+    return f"other evidence recomputing {lower}–{upper}% of the tokens"
 
 
 def finish_cost(k: int, steps: int, finish_calls: int, region_share: float = 0.0) -> float:
@@ -211,6 +248,10 @@ class RiskModel:
     # The steps N the reuses were measured with (0: not recorded). Depths transfer to another
     # N by their share of it; so does the span a region finish may cover (finish_allows).
     measured_steps: int = 0
+    # Upper bounds of the bins of the token share a reuse with other evidence computes itself
+    # (``REGION_SHARE_BOUNDS``): each bin's thresholds are certified apart (``share_cell``).
+    # Empty: one class for all other evidence (files written before the bins).
+    region_share_bounds: list[float] = field(default_factory=list)
     # Set on the prior that stands in for a calibration file found unusable: why (the file
     # and the field). Never saved; the status shows it wherever "calibrated" is shown.
     rejected: str | None = None
@@ -249,12 +290,18 @@ class RiskModel:
             return features["depth_fraction"]
         return self.logit(features)
 
+    def cell(self, features: dict[str, float]) -> str:
+        """The certified cell of this evidence: its class, split for other evidence by the
+        token share the reuse computes itself (``features["reuse_share"]``)."""
+        return share_cell(evidence_class(features), features.get("reuse_share"),
+                          self.region_share_bounds)
+
     def accepts(self, features: dict[str, float], alpha: float, finish_calls: int = 0) -> bool:
         """The gate's test for one candidate at one depth under budget α, finished every
         step (``finish_calls`` 0) or by that guided finish."""
         if not self.thresholds:
             return not finish_calls and self.risk(features) <= alpha
-        certified = self.threshold_for(alpha, option_key(evidence_class(features), finish_calls))
+        certified = self.threshold_for(alpha, option_key(self.cell(features), finish_calls))
         return certified is not None and self.score(features) <= certified[1] + 1e-9
 
     def class_finishes(self, klass: str) -> list[int]:
@@ -501,9 +548,16 @@ def depth_reason(settings: GateSettings, lo: int, hi: int, probe_steps: int, ste
             "(it was stored with other depth bounds)")
 
 
+def tile_share(region: torch.Tensor) -> float:
+    """Share of the tiles a region covers: ``decide``'s stand-in for its token share where the
+    caller cannot map tiles to the model's tokens."""
+    return float(region.float().mean()) if region.numel() else 0.0
+
+
 def decide(new: EarlySignature, candidates: list[tuple[str, EarlySignature, float, list[int]]],
            steps: int, probe_steps: int, model: RiskModel,
-           settings: GateSettings, fill_calls: int = 0, fill_on_m: bool = False) -> tuple[Plan, list[Plan]]:
+           settings: GateSettings, fill_calls: int = 0, fill_on_m: bool = False,
+           region_share=tile_share) -> tuple[Plan, list[Plan]]:
     """Pick the best acceptable candidate and depth; also return every candidate's verdict.
 
     ``candidates``: (entry id, its signature at the probe step, similarity, snapshot steps,
@@ -511,7 +565,9 @@ def decide(new: EarlySignature, candidates: list[tuple[str, EarlySignature, floa
     The candidate whose acceptable finish computes least wins; ties go to lower risk.
     ``fill_calls``: model steps a hit spends filling region M (ReuseSettings.region_fill_calls),
     or ``fill_on_m`` M's own trajectory on its tokens (RiskModel.region_fill_on_m), counted in
-    the saving ``settings.min_saving`` asks for.
+    the saving ``settings.min_saving`` asks for. ``region_share``: the share of the model's
+    tokens a region of tiles covers (the pipeline maps tiles to its run's tokens, as a region
+    finish computes them); it places other evidence in its certified cell (``share_cell``).
     """
     lo = max(probe_steps, math.ceil(settings.min_depth * steps))
     hi = math.floor(settings.max_depth * steps)
@@ -519,6 +575,7 @@ def decide(new: EarlySignature, candidates: list[tuple[str, EarlySignature, floa
     for entry_id, old, sim, snapshot_steps, *stored_x0 in candidates:
         feats, region = evidence(new, old, sim, model.region_threshold)
         region = reuse_region(feats, region, new.grid, model.region_margin)
+        feats["reuse_share"] = region_share(region) if bool(region.any()) else 0.0
         base = dict(entry_id=entry_id, region_tiles=region, similarity=sim)
         if feats["region_fraction"] > settings.max_region_fraction:
             verdicts.append(Plan(False, features=feats, reason=region_reason(
@@ -590,15 +647,23 @@ def _deepest_acceptable(feats: dict[str, float], depths: list[int], steps: int,
     """The deepest depth (``depths`` deepest first) the risk model accepts under α for
     this finish."""
     klass = evidence_class(feats)
-    key = option_key(klass, finish_calls)
+    cell = model.cell(feats)
+    key = option_key(cell, finish_calls)
+    what = share_bin_text(cell, model.region_share_bounds)
     certified = model.threshold_for(alpha, key) if model.thresholds else None
     if model.thresholds and certified is None:
         budgets = [float(a) for a in model.thresholds.get(key, {})]
-        strictest = f"the strictest certified budget is {min(budgets):.1%}" if budgets else "none is"
+        if budgets:
+            why = f"the strictest certified budget is {min(budgets):.1%}: raise the budget or re-calibrate"
+        elif cell != klass:  # a share bin the calibration's pairs did not cover well enough
+            why = ("its calibration certified no budget there (too few measured reuses like it): "
+                   "not extrapolated; calibrate with pairs whose edits cover that much of the frame")
+        else:
+            why = "none is: raise the budget or re-calibrate"
         return Plan(False, features=feats, reason=(
-            f"no depth is certified at risk budget {alpha:.1%} for {klass.replace('_', '-')} "
-            f"evidence on this model ({strictest}): raise the budget or re-calibrate"), **base)
-    how = (f"{klass.replace('_', '-')} evidence, certified at budget {certified[0]:.1%} with "
+            f"no depth is certified at risk budget {alpha:.1%} for {what} on this model "
+            f"({why})"), **base)
+    how = (f"{what}, certified at budget {certified[0]:.1%} with "
            f"{model.confidence:.0%} confidence" if certified else f"≤ budget {alpha:.1%}")
     region = bool(finish_calls and model.finish_region.get(klass))
     tiles = base.get("region_tiles")

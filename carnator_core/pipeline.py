@@ -24,13 +24,14 @@ from .cache.backend import open_cache as open_location
 from .cache.precision import from_entry, latent_keys, loaded_latent, stored_latent, to_entry
 from .cache.index import served_class
 from .gate import (DEFAULT_PROBE_FRACTION, SAME_SCENE_GAP, GateSettings, Plan, RiskModel, decide,
-                   evidence_class, fill_steps, gate_model_for, hit_saving)
+                   evidence_class, fill_steps, gate_model_for, hit_saving, tile_share)
 from .keys import CompatibilityClass, shape_str
 from .reuse.sparse_reuse import CONNECTIVITY_KEYS, Connectivity, SparseSettings
 from .calibration.status import model_status, remember_model_names, status_line
 from .calibration.tolerance import psnr
 from .reuse.guided_finish import GuidedFinish
-from .reuse.region_compute import FILL_SEGMENT_STEPS, FillSegment, RegionFinish, fill_segment_starts
+from .reuse.region_compute import (FILL_SEGMENT_STEPS, FillSegment, RegionFinish, fill_segment_starts,
+                                   token_share)
 from .signature import (EarlySignature, pool_latent_tiles, pool_token_tiles, tile_grid_for,
                         tiles_to_latent_mask)
 
@@ -383,7 +384,8 @@ def gate(pr: ProbeResult, found: LookupResult, risk_model: RiskModel,
     model, budget, note = _audited(pr, risk_model, settings.risk_budget)
     settings = replace(settings, risk_budget=budget)
     plan, verdicts = decide(pr.signature, comparable, pr.run.steps, pr.probe_steps, model,
-                            settings, pr.settings.region_fill_calls, model.region_fill_on_m)
+                            settings, pr.settings.region_fill_calls, model.region_fill_on_m,
+                            region_share_of(pr))
     if plan.accept and settings.recurring_sources:
         plan = recurring_scene(pr, plan, model, settings) or plan
     if note:
@@ -391,6 +393,23 @@ def gate(pr: ProbeResult, found: LookupResult, risk_model: RiskModel,
     if risk_model.rejected:
         plan.reason = f"{plan.reason} · gate on the uncalibrated prior: {risk_model.rejected}"
     return plan, verdicts
+
+
+def region_share_for(run, grid: tuple[int, int, int]):
+    """The gate's measure of a region of tiles: the share of this run's model tokens it
+    covers, as a region finish computes them (the tiles' share for a model whose patches the
+    run does not know). Calibration measures its pairs' reuses with the same function."""
+    patch = getattr(run, "patch_size", None)
+    if patch is None:
+        return tile_share
+
+    def share(region: torch.Tensor) -> float:
+        return token_share(tiles_to_latent_mask(region, grid, run.latent_shape), patch)
+    return share
+
+
+def region_share_of(pr: ProbeResult):
+    return region_share_for(pr.run, pr.signature.grid)
 
 
 def comparable_candidates(pr: ProbeResult, found: LookupResult) -> list[tuple]:
@@ -438,7 +457,7 @@ def recurring_scene(pr: ProbeResult, plan: Plan, model: RiskModel,
         return None
     steps, probe, fill = pr.run.steps, pr.probe_steps, (pr.settings.region_fill_calls, model.region_fill_on_m)
     best, _ = decide(pr.signature, as_sources, steps, probe, model,
-                     replace(settings, min_saving=0.0), *fill)
+                     replace(settings, min_saving=0.0), *fill, region_share_of(pr))
     if not best.accept or evidence_class(best.features) != "same_scene":
         return None
     would, now = hit_saving(best, steps, probe, *fill), hit_saving(plan, steps, probe, *fill)

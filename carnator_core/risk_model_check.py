@@ -78,7 +78,9 @@ def check_calibration(data: Any, path: str | Path, features: tuple[str, ...],
                      lambda v: _count(v) and v <= 1000, "a number of model calls")
     _check_per_class(data.get("finish_region", {}), "finish_region", classes, bad,
                      lambda v: isinstance(v, bool), "true or false")
-    _check_thresholds(data.get("thresholds", {}), classes, bad)
+    bounds = _check_share_bounds(data.get("region_share_bounds", []), bad)
+    cells = tuple(classes) + tuple(f"other/{round(b * 100)}" for b in bounds)
+    _check_thresholds(data.get("thresholds", {}), cells, bad)
     if data.get("thresholds") and not data.get("calibrated"):
         raise bad("thresholds", "are set on a file that says it is not calibrated")
     return data
@@ -107,6 +109,19 @@ def _check_tolerance(tol: Any, bad) -> None:
         raise bad("tolerance.space", f"is {tol.get('space')!r}, not one of {list(KNOWN_SPACES)}")
     if "checker" in tol and not isinstance(tol["checker"], bool):
         raise bad("tolerance.checker", "is not true or false")
+
+
+def _check_share_bounds(bounds: Any, bad) -> list[float]:
+    """Bins of the token share other evidence is certified by: increasing, in (0, 1], the
+    last 1 (every reuse falls in a bin), whole percents (they name the thresholds' cells)."""
+    if not isinstance(bounds, list) or not all(_finite(b) and not isinstance(b, bool) for b in bounds):
+        raise bad("region_share_bounds", "is not a list of numbers")
+    if bounds and (bounds[-1] != 1 or any(not 0 < b <= 1 for b in bounds)
+                   or any(b2 <= b1 for b1, b2 in zip(bounds, bounds[1:]))
+                   or any(abs(b * 100 - round(b * 100)) > 1e-9 for b in bounds)):
+        raise bad("region_share_bounds", f"is {bounds!r}: shares must increase in whole percents "
+                  "within (0, 1] and end at 1")
+    return [float(b) for b in bounds]
 
 
 def _check_per_class(value: Any, name: str, classes: tuple[str, ...], bad, ok, what: str) -> None:

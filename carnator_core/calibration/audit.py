@@ -26,7 +26,8 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from ..gate import DEFAULT_PROBE_FRACTION, EVIDENCE_CLASSES, RiskModel, evidence_class, same_probe
+from ..gate import (DEFAULT_PROBE_FRACTION, EVIDENCE_CLASSES, RiskModel, class_of_option, evidence_class,
+                    same_probe)
 from .risk_control import clopper_pearson_lower, clopper_pearson_upper, min_accepted
 
 DB_NAME = "audits.sqlite"
@@ -99,7 +100,8 @@ def tightened(model: RiskModel, alpha: float, levels: dict[str, int]) -> tuple[R
     for klass, table in model.thresholds.items():
         # the gate uses the largest certified budget ≤ α: drop that many from the top
         within = sorted((b for b in table if float(b) <= alpha + 1e-12), key=float)
-        level = levels.get(klass.split(":")[0], 0)  # a class's guided-finish thresholds tighten with it
+        # a class's share cells and guided-finish thresholds tighten with it
+        level = levels.get(class_of_option(klass), 0)
         dropped = set(within[max(0, len(within) - level):]) if level else set()
         out.thresholds[klass] = {b: lam for b, lam in table.items() if b not in dropped}
     return out, alpha

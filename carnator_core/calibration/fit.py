@@ -17,8 +17,9 @@ import json
 import random
 from pathlib import Path
 
-from ..gate import (DEFAULT_PROBE_FRACTION, EVIDENCE_CLASSES, FEATURES, RiskModel, calibration_file,
-                   evidence_class, finish_allows, finish_calls_at, finish_cost, option_key)
+from ..gate import (DEFAULT_PROBE_FRACTION, EVIDENCE_CLASSES, FEATURES, REGION_SHARE_BOUNDS, RiskModel,
+                   calibration_file, class_of_option, evidence_class, finish_allows, finish_calls_at,
+                   finish_cost, option_key, share_cell)
 from .risk_control import certify, clopper_pearson_upper
 
 
@@ -68,6 +69,30 @@ def fit(instances: list[dict], region_threshold: float, l2: float = 1e-3,
     return model
 
 
+def reuse_share(inst: dict) -> float:
+    """The share of the model's tokens this pair's reuses compute themselves (region M after
+    widening; the gate's ``features["reuse_share"]``): recorded in the features, else read
+    from the measurements — a region finish records it (``token_share``), a fill on M's
+    tokens costs ``fill_calls + fill_region_calls·share`` steps. A non-empty M with neither
+    covered every token (no region call can run on the whole frame): 1."""
+    if "reuse_share" in inst["features"]:
+        return float(inst["features"]["reuse_share"])
+    if inst["features"]["region_fraction"] <= 0:
+        return 0.0
+    for d in inst["depths"]:
+        if d.get("token_share"):
+            return float(d["token_share"])
+    for d in inst["depths"]:
+        if d.get("fill_region_calls"):
+            return (d["fill_steps"] - d["fill_calls"]) / d["fill_region_calls"]
+    return 1.0
+
+
+def evidence_of(inst: dict) -> dict:
+    """A pair's evidence as the gate reads it, with the share its reuse computes."""
+    return {**inst["features"], "reuse_share": reuse_share(inst)}
+
+
 def gate_decision(model: RiskModel, inst: dict, alpha: float, max_region_fraction: float = 0.5,
                   min_k: int | None = None, max_k: int | None = None) -> dict | None:
     """What the gate would accept for this instance at budget α (``gate.decide``'s rule):
@@ -75,11 +100,11 @@ def gate_decision(model: RiskModel, inst: dict, alpha: float, max_region_fractio
     or None."""
     if inst["features"]["region_fraction"] > max_region_fraction:
         return None
-    picks = []
-    for calls in model.finish_options(inst["features"]):
+    picks, evidence = [], evidence_of(inst)
+    for calls in model.finish_options(evidence):
         depths = _depths(inst, min_k, max_k, calls, model.measured_steps)
         for d in sorted(depths, key=lambda d: -d["k"]):
-            f = {**inst["features"], "depth_fraction": d["depth_fraction"]}
+            f = {**evidence, "depth_fraction": d["depth_fraction"]}
             if model.accepts(f, alpha, calls):
                 picks.append({**d, "risk": model.risk(f)})
                 break
@@ -159,17 +184,17 @@ def certify_model(model: RiskModel, instances: list[dict], delta: float = 0.1,
     # a class measured with a guided finish too has two finishes to certify: each at δ/2
     # (Bonferroni), so both guarantees hold together at 1−δ and the gate may pick either
     options = _class_finishes(model)
-    per_class: dict[str, list] = {option_key(k, c): [] for k, cs in options.items() for c in cs}
+    per_class: dict[str, list] = {option_key(k, c): [] for k in _cells(model) for c in options[class_of_option(k)]}
     for inst in _certifiable(instances, max_region_fraction):
-        klass = evidence_class(inst["features"])
-        for calls in options[klass]:
+        cell = model.cell(evidence_of(inst))
+        for calls in options[class_of_option(cell)]:
             scored = [(z, int(d["label"])) for z, d in _scored(model, inst, calls, min_k, max_k)]
             if scored:
-                per_class[option_key(klass, calls)].append(scored)
+                per_class[option_key(cell, calls)].append(scored)
     model.thresholds, model.confidence = {}, 1.0 - delta
     report = {"delta": delta, "instances": sum(len(v) for v in per_class.values()), "classes": {}}
     for key, members in per_class.items():
-        klass_delta = delta / len(options[key.split(":")[0]])
+        klass_delta = delta / len(options[class_of_option(key)])
         def decisions(lam: float, members=members) -> list[int]:
             picked = (next((y for z, y in scored if z <= lam), None) for scored in members)
             return [y for y in picked if y is not None]
@@ -185,11 +210,11 @@ def _certify_joint(model: RiskModel, instances: list[dict], delta: float, budget
                    max_region_fraction: float, min_k: int | None, max_k: int | None) -> dict:
     """``certify_model(joint=True)``: one λ per class, shared by its finishes."""
     options = _class_finishes(model)
-    per_class: dict[str, list] = {k: [] for k in EVIDENCE_CLASSES}
+    per_class: dict[str, list] = {k: [] for k in _cells(model)}
     for inst in _certifiable(instances, max_region_fraction):
-        klass = evidence_class(inst["features"])
+        klass = model.cell(evidence_of(inst))
         finishes = []
-        for calls in options[klass]:
+        for calls in options[class_of_option(klass)]:
             scored = [(z, (_cost(d), calls), int(d["label"]))
                       for z, d in _scored(model, inst, calls, min_k, max_k)]
             if scored:
@@ -214,16 +239,36 @@ def _certify_joint(model: RiskModel, instances: list[dict], delta: float, budget
 
         grid = _thinned_grid(z for finishes in members for scored in finishes for z, _, _ in scored)
         res = {f"{a:g}": certify(decisions, grid, a, delta) for a in budgets}
-        for c in options[klass]:
+        for c in options[class_of_option(klass)]:
             model.thresholds[option_key(klass, c)] = {a: r["threshold"] for a, r in res.items()
                                                       if r["threshold"] is not None}
         report["classes"][klass] = {"instances": len(members), "delta": delta, "budgets": res,
-                                    "finishes": [option_key(klass, c) for c in options[klass]]}
+                                    "finishes": [option_key(klass, c) for c in options[class_of_option(klass)]]}
     return report
 
 
 def _class_finishes(model: RiskModel) -> dict[str, list[int]]:
     return {k: model.class_finishes(k) for k in EVIDENCE_CLASSES}
+
+
+def _cells(model: RiskModel) -> list[str]:
+    """The cells thresholds are certified for: same-scene evidence, and other evidence as
+    one class or per bin of the token share its reuse computes (``model.region_share_bounds``)."""
+    others = [share_cell("other", b, model.region_share_bounds) for b in model.region_share_bounds]
+    return [k for k in EVIDENCE_CLASSES if k != "other"] + (others or ["other"])
+
+
+def thresholds_side_by_side(model: RiskModel) -> list[dict]:
+    """Each certified cell's threshold per budget on one row, and which budgets certified the
+    same threshold (a looser budget that buys nothing, a stricter one that protects nothing)."""
+    rows = []
+    for key, table in sorted(model.thresholds.items()):
+        by_alpha = sorted((float(a), lam) for a, lam in table.items())
+        same = [[f"{a1:g}", f"{a2:g}"] for (a1, l1), (a2, l2) in zip(by_alpha, by_alpha[1:])
+                if abs(l1 - l2) <= 1e-12]
+        rows.append({"cell": key, "thresholds": {f"{a:g}": lam for a, lam in by_alpha},
+                     "coinciding_budgets": same})
+    return rows
 
 
 def _certifiable(instances: list[dict], max_region_fraction: float) -> list[dict]:
@@ -237,7 +282,7 @@ def _scored(model: RiskModel, inst: dict, calls: int, min_k: int | None,
             max_k: int | None) -> list[tuple[float, dict]]:
     """This pair's reuses with one finish, deepest first, each with the score the thresholds
     compare."""
-    return [(model.score({**inst["features"], "depth_fraction": d["depth_fraction"]}), d)
+    return [(model.score({**evidence_of(inst), "depth_fraction": d["depth_fraction"]}), d)
             for d in sorted(_depths(inst, min_k, max_k, calls, model.measured_steps), key=lambda d: -d["k"])]
 
 
@@ -251,12 +296,15 @@ def fit_and_certify(instances: list[dict], region_threshold: float, delta: float
                     max_region_fraction: float = 0.5, tolerance: dict | None = None,
                     alphas=(0.02, 0.05, 0.1),
                     probe_fraction: float = DEFAULT_PROBE_FRACTION,
-                    joint: bool = False) -> tuple[RiskModel, dict]:
+                    joint: bool = False,
+                    region_share_bounds=REGION_SHARE_BOUNDS) -> tuple[RiskModel, dict]:
     """The whole procedure on measured instances: split by pair, fit the ranking on one
     side, certify the thresholds on the other (Learn-then-Test, confidence 1−δ), and check
     the gate's decisions on both. Returns the model (ready to save) and a report.
     ``probe_fraction``: the probe the instances were measured with (the model holds for it).
-    ``joint``: one threshold per class for all its finishes (``certify_model``)."""
+    ``joint``: one threshold per class for all its finishes (``certify_model``).
+    ``region_share_bounds``: bins of the token share other evidence is certified by, each
+    apart (``gate.share_cell``); empty for one class."""
     if not rows_of(instances)[0]:
         raise ValueError(f"none of the {len(instances)} measured candidate pairs came within the "
                          f"gate's region limit ({max_region_fraction:.0%} of the tiles), so no reuse "
@@ -271,6 +319,7 @@ def fit_and_certify(instances: list[dict], region_threshold: float, delta: float
     model.region_fill_on_m = measured_fill_on_m(instances)
     model.region_margin = measured_region_margin(instances)
     model.measured_steps = measured_steps(instances)
+    model.region_share_bounds = [float(b) for b in region_share_bounds]
     certification = certify_model(model, held, delta=delta, max_region_fraction=max_region_fraction,
                                   joint=joint)
     model.source += (f"; thresholds certified by Learn-then-Test on {certification['instances']} "
@@ -285,6 +334,10 @@ def fit_and_certify(instances: list[dict], region_threshold: float, delta: float
         "tolerance": tolerance, "certification": certification,
         "heldout": evaluate(model, held, alphas=alphas, max_region_fraction=max_region_fraction),
         "train": evaluate(model, train, alphas=alphas, max_region_fraction=max_region_fraction),
+        "thresholds_side_by_side": thresholds_side_by_side(model),
+        "heldout_by_share": {cell: evaluate(model, [i for i in held if model.cell(evidence_of(i)) == cell],
+                                            alphas=alphas, max_region_fraction=max_region_fraction)
+                             for cell in _cells(model) if cell != "same_scene"},
         "heldout_by_kind": {k: evaluate(model, [i for i in held if i.get("kind") == k], alphas=alphas,
                                         max_region_fraction=max_region_fraction)
                             for k in sorted({str(i.get("kind")) for i in held})},
@@ -398,4 +451,5 @@ def load_instances(path: str | Path) -> list[dict]:
 
 
 __all__ = ["FEATURES", "exceeds_tolerance", "rows_of", "split", "fit", "gate_decision",
-           "evaluate", "certify_model", "fit_and_certify", "CERTIFIED_BUDGETS", "calibration_path", "save", "save_instances", "load_instances"]
+           "evaluate", "certify_model", "fit_and_certify", "reuse_share", "evidence_of",
+           "thresholds_side_by_side", "CERTIFIED_BUDGETS", "calibration_path", "save", "save_instances", "load_instances"]

@@ -25,7 +25,7 @@ from typing import Callable
 import torch
 
 from ..gate import RiskModel, evidence, evidence_class, finish_allows, reuse_region
-from ..pipeline import ReuseSettings, TrajectoryRecord, fill_region, guided_finish_for
+from ..pipeline import ReuseSettings, TrajectoryRecord, fill_region, guided_finish_for, region_share_for
 from ..reuse.region_compute import RegionFinish
 from ..signature import tiles_to_latent_mask
 from .tolerance import Tolerance, psnr
@@ -87,6 +87,10 @@ def measure_direction(request: FullRun, candidate: FullRun, new_run: Callable[[]
     # certifies both and runs whichever computes less at the budget
     klass = evidence_class(feats)
     region = reuse_region(feats, region, request.record.grid, settings.region_margin)
+    # the share of the tokens the reuse computes itself: the gate certifies other evidence per
+    # bin of it (gate.share_cell), reading it the same way (pipeline.region_share_for)
+    feats["reuse_share"] = (region_share_for(request.record.run, request.record.grid)(region)
+                            if bool(region.any()) else 0.0)
     if finishes is None:
         calls = settings.finish_calls_for(klass)
         chosen = [0, calls] if calls else [0]

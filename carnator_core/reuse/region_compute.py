@@ -30,6 +30,15 @@ def token_index(mask: torch.Tensor, patch: tuple[int, int, int]) -> torch.Tensor
     return m.flatten().nonzero().flatten()
 
 
+def token_share(mask: torch.Tensor, patch: tuple[int, int, int]) -> float:
+    """Share of a DiT's tokens a latent mask (…, T, H, W) touches: what computing region M
+    alone costs per call, and the share the gate certifies a reuse's cell by."""
+    n_tokens = 1
+    for size, p in zip(mask.shape[-3:], patch):
+        n_tokens *= -(-int(size) // int(p))
+    return token_index(mask, patch).numel() / n_tokens
+
+
 class RegionCompute:
     """One run's state: which tokens are M, the outside's keys and values per layer from the
     last full call, and that call's last block output (the outside rows a region call keeps).
