@@ -76,12 +76,15 @@ def with_same_scene_from(measured: list[dict], base: list[dict]) -> list[dict]:
 
 
 def measure_pairs(world, lines: list[dict], settings, psnr_bound: float, region_threshold: float,
-                  log=print, finishes=None) -> list[dict]:
+                  log=print, finishes=None, ledger=None) -> list[dict]:
     """Instances (see carnator_core.calibration.fit) for every pair, both directions: the
     generic measurement (carnator_core.calibration.generic) labelled with the checker too;
-    ``finishes`` as ``measure_direction`` takes it (None: every step and the guided finish)."""
+    ``finishes`` as ``measure_direction`` takes it (None: every step and the guided finish).
+    Each pair's model work, counted by the world's meter in generation-equivalents (its first
+    full run = 1), goes to ``ledger`` (a ``calibration.meter.CostLedger``)."""
     from bench_tw import check_ok, psnr
     from carnator_core.calibration.generic import measure_direction
+    from carnator_core.calibration.meter import PairCost
     steps = world.steps
     p = settings.probe_steps(steps)
     snaps = settings.snapshot_steps(steps)
@@ -89,14 +92,18 @@ def measure_pairs(world, lines: list[dict], settings, psnr_bound: float, region_
     for ln in lines:
         groups.setdefault(group_of(ln), []).append(ln)
     instances = []
+    if ledger is not None:
+        ledger.pairs_planned += sum(len(m) >= 2 for m in groups.values())
     t0 = time.time()
     for gi, (g, members) in enumerate(groups.items()):
         if len(members) < 2:
             continue
-        full = []
+        full, unit, rows0, t_pair = [], 0, world.meter.rows, time.time()
         for ln in members[:2]:
             policy = ln.get("seed_policy", "same_seed")
+            before = world.meter.rows
             r = world.full(ln["prompt"], int(ln["seed"]), policy, snaps, p)
+            unit = unit or world.meter.rows - before
             r["ok"] = check_ok(r["video"], ln["scene"])
             r["policy"] = policy
             full.append(r)
@@ -111,13 +118,17 @@ def measure_pairs(world, lines: list[dict], settings, psnr_bound: float, region_
                 la["prompt"], int(la["seed"]), a["policy"]), settings, region_threshold, outcome, finishes)
             instances.append({"group": g, "kind": la.get("kind"), "prompt": la["prompt"],
                               "candidate_prompt": lb["prompt"], **inst})
+        if ledger is not None:
+            ledger.measured.append(PairCost((world.meter.rows - rows0) / unit, time.time() - t_pair) if unit
+                                   else PairCost.of(None, instances[-2:], steps))
         if (gi + 1) % 10 == 0:
-            log(f"  {gi + 1}/{len(groups)} pairs, {time.time() - t0:.0f} s", flush=True)
+            spent = f", {ledger.spent:.0f} generation-equivalents" if ledger is not None else ""
+            log(f"  {gi + 1}/{len(groups)} pairs, {time.time() - t0:.0f} s{spent}", flush=True)
     return instances
 
 
 def add_guided_finish(world, lines: list[dict], settings, psnr_bound: float, region_threshold: float,
-                      measured_files: list[str], klass: str = "other") -> list[dict]:
+                      measured_files: list[str], klass: str = "other", ledger=None) -> list[dict]:
     """The measured instances of ``measured_files`` for these lines' pairs, with the guided
     finish of ``klass``'s reuses measured and added to their depths. Other evidence: the
     finish of ``settings.other_finish_calls`` is added (pairs measured with a finish already
@@ -142,7 +153,7 @@ def add_guided_finish(world, lines: list[dict], settings, psnr_bound: float, reg
     print(f"adding the {calls}-call guided finish to the {klass} reuses of "
           f"{len({group_of(ln) for ln in todo})} pairs …", flush=True)
     added = measure_pairs(world, todo, settings, psnr_bound, region_threshold,
-                          finishes=lambda c: [calls] if c == klass else [])
+                          finishes=lambda c: [calls] if c == klass else [], ledger=ledger)
     for inst in added:
         key = (str(inst["group"]), inst["prompt"], inst["candidate_prompt"])
         old = stored.get(key)
@@ -256,6 +267,8 @@ def main(argv=None) -> dict:
     meas_path = os.path.join(a.results, "calibration_measurements.jsonl" if shard is None
                              else f"calibration_measurements.{shard[0]}-of-{shard[1]}.jsonl")
     t0 = time.time()
+    from carnator_core.calibration.meter import CostLedger, PairCost
+    ledger = CostLedger()
     if a.instances:
         instances = [i for path in a.instances for i in CAL.load_instances(path)]
         if a.same_scene_from:
@@ -286,7 +299,7 @@ def main(argv=None) -> dict:
         if a.add_guided_finish:
             instances = add_guided_finish(world, lines, settings, a.psnr_bound, region_threshold,
                                           a.add_guided_finish, "same_scene" if a.same_scene_finish_calls
-                                          is not None else "other")
+                                          is not None else "other", ledger=ledger)
         else:
             print(f"measuring {len(lines)} requests …", flush=True)
             finishes = None
@@ -297,7 +310,7 @@ def main(argv=None) -> dict:
                 finishes = lambda klass: ([0] + [c for c in [settings.finish_calls_for(klass)] if c]
                                           if klass == "other" else [])  # noqa: E731
             instances = measure_pairs(world, lines, settings, a.psnr_bound, region_threshold,
-                                      finishes=finishes)
+                                      finishes=finishes, ledger=ledger)
         CAL.save_instances(instances, meas_path)
     max_region = settings.gate.max_region_fraction
     model, fitted = CAL.fit_and_certify(instances, region_threshold, delta=a.delta, holdout=a.holdout,
@@ -319,6 +332,13 @@ def main(argv=None) -> dict:
         "by_kind": {},
         "seconds": round(time.time() - t0, 1),
     }
+    if a.instances:  # refitted: what measuring these records cost, by the meter's rule
+        by_group: dict = {}
+        for inst in instances:
+            by_group.setdefault(str(inst["group"]), []).append(inst)
+        ledger.carried = [PairCost.of(None, insts, a.steps) for insts in by_group.values()]
+    report["cost"] = ledger.as_dict()
+    report["cost_generations"] = report["cost"]["cost_generations"]
     for inst in instances:
         k = inst.get("kind") or "?"
         d = report["by_kind"].setdefault(k, {"instances": 0, "reuses": 0, "exceeded": 0, "gated_out": 0})
@@ -342,6 +362,8 @@ def main(argv=None) -> dict:
         json.dump(report, f, indent=1)
     print(f"{len(instances)} candidate pairs, {len(rows)} measured reuses, "
           f"{sum(labels)} exceeded tolerance (PSNR < {a.psnr_bound} dB or checker)")
+    how = "by the meter's rule on these records" if a.instances else "counted at the model"
+    print(f"cost: {report['cost_generations']:.1f} generation-equivalents ({how}), {report['seconds']:.0f} s")
     print(f"risk model: {model.source}")
     print(f"certified thresholds ({1 - a.delta:.0%} confidence): "
           + "; ".join(f"{c}: " + ", ".join(f"α={k}: λ={v:.2f}" for k, v in t.items())

@@ -134,7 +134,7 @@ class World:
         self.latent_shape = (1, 16, WD.T, WD.H // 2, WD.W // 2)
         self._cond: dict[str, list] = {}
         self.negative = self.cond("")
-        self.meter = ComputeMeter(self.model)
+        self.meter = compute_meter(self.model)
 
     def cond(self, prompt: str):
         if prompt not in self._cond:
@@ -182,27 +182,15 @@ class World:
         return run.sample(k, run.steps, run.boundary_from_sampler_space(x_k_sampler_space, k))
 
 
-class ComputeMeter:
+def compute_meter(model):
     """The work the diffusion model really does: token rows entering its last transformer
-    block, counted by a forward pre-hook on the (shared) module. It sees what a system's own
-    bookkeeping may not: a call EasyCache skipped never reaches the block, a region call brings
-    only region M's tokens, a probe or fill call counts like any other. The last block, not
-    the first: the adapter's joint-order check re-runs the first block alone once (a
-    1/layers-of-a-call cost), which must not count as a whole model call. Bench only."""
-
-    def __init__(self, model):
-        blocks = getattr(model.model.diffusion_model, "blocks", None)
-        self.rows = 0
-        self.available = blocks is not None and len(blocks) > 0
-        if self.available:
-            blocks[-1].register_forward_pre_hook(self._count, with_kwargs=True)
-
-    def _count(self, module, args, kwargs):
-        x = args[0] if args else kwargs["x"]
-        self.rows += x.shape[0] * x.shape[1]
-
-    def steps(self, rows: int, rows_per_step: float) -> float | None:
-        return rows / rows_per_step if self.available and rows_per_step else None
+    block (``comfy_adapter.attach_meter``, the hook every calibration meters with), counted
+    into a ``carnator_core.calibration.meter.ComputeMeter`` for the whole process."""
+    from carnator_core.calibration.meter import ComputeMeter as Meter
+    from carnator_core.comfy_adapter import attach_meter
+    meter = Meter()
+    attach_meter(model, meter)
+    return meter
 
 
 ATTRS = ("shape", "colour", "position", "motion", "count")
@@ -314,7 +302,7 @@ def metrics(recs: list[dict], psnr_bound: float) -> dict:
         "hit_speedup": ratio(acc, "t_full", "t"),
         "gate_hit_speedup": ratio(gate, "t_full", "t"),
         "steps_speedup_hits": ratio(gate, "steps_total", "steps_computed"),
-        # the same ratios from the model's own work (ComputeMeter): every system alike,
+        # the same ratios from the model's own work (compute_meter): every system alike,
         # EasyCache's skipped calls included; None where a record has no measurement
         "compute_speedup_workload": measured_ratio(recs),
         "compute_speedup_hits": measured_ratio(gate),

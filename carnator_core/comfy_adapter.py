@@ -384,6 +384,37 @@ def _find_block_list(diffusion_model: torch.nn.Module) -> torch.nn.ModuleList | 
     return None
 
 
+def attach_meter(models, meter) -> Callable[[], None]:
+    """Count the token rows entering each model's last transformer block into ``meter`` (a
+    ``calibration.meter.ComputeMeter``): a forward pre-hook on the block module, which every
+    clone of the model shares. It sees what bookkeeping may not: a call EasyCache skipped
+    never reaches the block, a call on region M's tokens brings only those. The last block,
+    not the first: the joint-order check re-runs the first block alone once per loaded model.
+    ``models``: one ModelPatcher or several (a Wan 2.2 pair's experts); a module shared by
+    two is hooked once. Returns the function that removes the hooks."""
+    handles, seen = [], set()
+    for model in models if isinstance(models, (list, tuple)) else [models]:
+        blocks = _find_block_list(model.get_model_object("diffusion_model"))
+        if blocks is None or id(blocks[-1]) in seen:
+            continue
+        seen.add(id(blocks[-1]))
+        handles.append(blocks[-1].register_forward_pre_hook(
+            lambda module, args, kwargs: meter.add(_token_rows(args, kwargs)), with_kwargs=True))
+    meter.available = meter.available or bool(handles)
+
+    def detach() -> None:
+        for h in handles:
+            h.remove()
+    return detach
+
+
+def _token_rows(args, kwargs) -> int:
+    """batch × tokens of a block's first input (the image tokens, whatever its name)."""
+    x = args[0] if args else next((v for k, v in kwargs.items() if k in ("x", "img", "hidden_states")),
+                                  next((v for v in kwargs.values() if isinstance(v, torch.Tensor)), None))
+    return int(x.shape[0] * x.shape[1]) if isinstance(x, torch.Tensor) and x.dim() >= 2 else 0
+
+
 # inputs a joint-attention model appends to its text tokens (HunyuanVideo 1.5: ByT5 glyph
 # tokens and image tokens), so the text part of a joint attention call is their sum
 _TEXT_TOKEN_INPUTS = ("context", "txt_byt5", "clip_fea")
@@ -1101,11 +1132,15 @@ def encode_text(clip, text: str, model=None):
 def calibrate_model(model, clip, latent: dict, pairs: list[dict], steps: int, cfg: float,
                     sampler_name: str, scheduler: str, tolerance, cache_folder: str,
                     settings, vae=None, seed: int = 0, include_audits: bool = True,
-                    node_id: str | None = None, **pair):
+                    node_id: str | None = None, budget_generations: float = 0.0, log=None,
+                    **pair):
     """Run the generic calibration (``self_calibration``) on a ComfyUI model with ComfyUI's
     progress bar; resumable. Returns (RiskModel, report dict). ``pair``: low_noise_model,
-    switch_step, switch_sigma — a Wan 2.2 A14B pair is calibrated as the one model it is."""
+    switch_step, switch_sigma — a Wan 2.2 A14B pair is calibrated as the one model it is.
+    The model's work is metered at its last block (``attach_meter``); ``budget_generations``
+    (0: none) stops measuring new pairs once that many generation-equivalents are spent."""
     from .calibration.generic import calibrate
+    from .calibration.meter import ComputeMeter
     negative = encode_text(clip, "", model)
     conds: dict[str, Any] = {}
 
@@ -1122,9 +1157,14 @@ def calibrate_model(model, clip, latent: dict, pairs: list[dict], steps: int, cf
         notify("calibration", {"done": done, "total": total}, node_id)
 
     fingerprint = make_run("", seed).fingerprint()  # the pair's, with its switch, for two experts
-    return calibrate(make_run, pairs, settings, tolerance, cache_folder, fingerprint, steps,
-                     seed=seed, decode=frames_decoder(vae), include_audits=include_audits,
-                     on_pair=on_pair)
+    meter = ComputeMeter()
+    detach = attach_meter([model] + [m for m in [pair.get("low_noise_model")] if m is not None], meter)
+    try:
+        return calibrate(make_run, pairs, settings, tolerance, cache_folder, fingerprint, steps,
+                         seed=seed, decode=frames_decoder(vae), include_audits=include_audits,
+                         on_pair=on_pair, meter=meter, budget_generations=budget_generations, log=log)
+    finally:
+        detach()
 
 
 def _latent_format_class(name: str):

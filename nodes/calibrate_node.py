@@ -24,8 +24,9 @@ class CarnatorCalibrate(io.ComfyNode):
             description=("Makes the risk budget α a promise on this model: computes prompt pairs in full, "
                          "reuses each at every depth the gate may choose, labels every reuse by PSNR against "
                          "the request's own full computation, and writes the calibration the gate loads for "
-                         "this model. Long on a real model (each pair costs about 2 + 7 generations); "
-                         "interrupted, it resumes where it stopped."),
+                         "this model. Long on a real model (each pair costs about 2 + 7 generations; the report "
+                         "says what it cost, and budget_generations caps it); interrupted or stopped by the "
+                         "budget, it resumes where it stopped."),
             inputs=[
                 io.Model.Input("model", tooltip="The model to calibrate, exactly as your workflows load it (LoRAs and patches included)."),
                 io.Latent.Input("latent_image", tooltip="An empty latent of the size and length you generate (smaller is faster)."),
@@ -50,6 +51,8 @@ class CarnatorCalibrate(io.ComfyNode):
                                  tooltip="On a hit, compute region M (what the request changes) along its own trajectory on M's tokens instead of a coarse estimate: a few more model calls on part of the tokens, deeper reuse for edits. The calibration measures it, and hits of this model then do it."),
                 io.Int.Input("region_margin", default=0, min=0, max=4, optional=True,
                              tooltip="With fill_region_on_its_tokens: widen an edit's region M by this many tiles in space and time, so changes just outside what the probe saw are computed too."),
+                io.Float.Input("budget_generations", default=0.0, min=0.0, max=1e7, step=1.0, optional=True,
+                               tooltip="Stop measuring new pairs once this much model work is spent, in generation-equivalents (1 = one full generation at these steps and size; a pair costs about 2 + 7). The pair in progress is finished, what was measured is fitted, and running it again with a larger budget continues. 0: no limit."),
             ],
             outputs=[io.String.Output("report", tooltip="Pairs and reuses measured, certified budgets, the held-out check.")],
             hidden=[io.Hidden.unique_id, io.Hidden.prompt],
@@ -61,7 +64,8 @@ class CarnatorCalibrate(io.ComfyNode):
                 scheduler, psnr_bound, include_audits, clip=None, vae=None,
                 cache=None, low_noise_model=None, switch_step=0,
                 switch_sigma=WAN22_SWITCH_SIGMA, probe_fraction=DEFAULT_PROBE_FRACTION,
-                fill_region_on_its_tokens=False, region_margin=0) -> io.NodeOutput:
+                fill_region_on_its_tokens=False, region_margin=0,
+                budget_generations=0.0) -> io.NodeOutput:
         folder = (cache or {}).get("folder") or default_cache_folder()
         settings = reuse_settings(probe_fraction=probe_fraction)
         settings.region_fill_on_m = bool(fill_region_on_its_tokens)
@@ -72,7 +76,7 @@ class CarnatorCalibrate(io.ComfyNode):
                                     scheduler, tolerance, folder, settings, vae=vae, seed=first_seed,
                                     include_audits=include_audits, node_id=node_id_of(cls),
                                     low_noise_model=low_noise_model, switch_step=switch_step,
-                                    switch_sigma=switch_sigma)
+                                    switch_sigma=switch_sigma, budget_generations=budget_generations)
         names = model_file_names(cls.hidden.prompt, node_id_of(cls))
         if names and report.get("model_fingerprint"):  # the cache tab names it as it was loaded
             remember_model_names(folder, report["model_fingerprint"], names)

@@ -13,6 +13,12 @@ interruption and it continues.
 ``--latent`` is the latent's C×T×H×W (a Wan 2.1 832×480×17 video is 16×5×60×104); smaller is
 faster, but calibrate near the size you generate. Without --clip the pack's demo text
 encoder is used (bundled demo models only); without --vae reuses are judged on the latent.
+
+The model's work is counted in generation-equivalents (1 = one full generation at --steps and
+--latent; a pair costs about 2 + 7) and printed after every pair with an ETA; the report ends
+with the total. ``--budget-generations B`` stops starting new pairs once B is spent (the pair
+in progress is finished) and fits what was measured; run it again with a larger B and it
+continues, counting what was already spent (kept in the progress file).
 """
 from __future__ import annotations
 
@@ -44,7 +50,8 @@ def calibrate_one(model_path: str, latent: str, steps: int, cfg: float, pairs: i
                   sampler: str = "euler", scheduler: str = "simple", seed: int = 0,
                   low_noise_model: str | None = None, switch_step: int = 0,
                   switch_sigma: float = 0.875, probe_fraction: float = 0.1,
-                  fill_on_m: bool = False, region_margin: int = 0) -> dict:
+                  fill_on_m: bool = False, region_margin: int = 0,
+                  budget_generations: float = 0.0) -> dict:
     import comfy.sd
     import torch
     from carnator_core.calibration import pairs as prompt_pairs
@@ -68,10 +75,10 @@ def calibrate_one(model_path: str, latent: str, steps: int, cfg: float, pairs: i
                                 sampler, scheduler, Tolerance(psnr_bound, "frames" if vae else "latent"),
                                 cache, ReuseSettings(probe_fraction=probe_fraction, region_fill_on_m=fill_on_m,
                                                      region_margin=region_margin if fill_on_m else 0),
-                                vae=vae, seed=seed,
+                                vae=vae, seed=seed, budget_generations=budget_generations,
                                 **pair)
     print(report_text(report))
-    print(f"  {time.time() - t0:.0f} s")
+    print(f"  {time.time() - t0:.0f} s, {report.get('cost_generations', 0):.1f} generation-equivalents")
     return report
 
 
@@ -103,6 +110,10 @@ def main() -> int:
                          "tokens (the gate then does it on every hit of this model)")
     ap.add_argument("--region-margin", type=int, default=0, metavar="TILES",
                     help="with --fill-on-m: widen an edit's region M by this many tiles")
+    ap.add_argument("--budget-generations", type=float, default=0.0, metavar="B",
+                    help="stop starting new pairs once B generation-equivalents are spent (1 = one full "
+                         "generation at --steps and --latent; a pair costs about 2 + 7); what was measured "
+                         "is fitted, and the same command with a larger B continues. 0: no limit")
     ap.add_argument("--demo-models", action="store_true",
                     help="calibrate the bundled tiny models into models/calibration/")
     ap.add_argument("--only", nargs="+", choices=sorted(DEMO), default=None,
@@ -121,7 +132,8 @@ def main() -> int:
             # the cache folder's calibration/ subfolder is where files land: use models/ itself
             rep = calibrate_one(tiny(high), DEMO[backbone], DEMO_STEPS, DEMO_CFG, DEMO_PAIRS[backbone],
                                 prompts, str(out.parent), low_noise_model=tiny(low) if low else None,
-                                switch_step=DEMO_STEPS // 2 if low else 0)
+                                switch_step=DEMO_STEPS // 2 if low else 0,
+                                budget_generations=a.budget_generations)
             summary[backbone] = {"fingerprint": rep["model_fingerprint"], "pairs": rep["pairs"],
                                  "measured_reuses": rep["measured_reuses"],
                                  "exceeded_tolerance": rep["exceeded_tolerance"],
@@ -144,7 +156,7 @@ def main() -> int:
         cache = default_cache_folder()
     calibrate_one(a.model, a.latent, a.steps, a.cfg, a.pairs, prompts, cache, clip, vae, a.psnr_bound,
                   a.sampler, a.scheduler, a.seed, a.low_noise_model, a.switch_step, a.switch_sigma,
-                  a.probe_fraction, a.fill_on_m, a.region_margin)
+                  a.probe_fraction, a.fill_on_m, a.region_margin, a.budget_generations)
     return 0
 
 

@@ -83,7 +83,8 @@ WIDGETS = {
     "CarnatorSampler": (SAMPLING_WIDGETS + PROBE_WIDGETS + GATE_WIDGETS + PROBE_OPTIONAL
                         + GATE_OPTIONAL + SPARSE_OPTIONAL + AUDIT_OPTIONAL + EXPERT_OPTIONAL
                         + FINISH_OPTIONAL),
-    "CarnatorCalibrate": CALIBRATE_WIDGETS + EXPERT_OPTIONAL + ["probe_fraction"],
+    "CarnatorCalibrate": CALIBRATE_WIDGETS + EXPERT_OPTIONAL + ["probe_fraction", "fill_region_on_its_tokens",
+                                                                 "region_margin", "budget_generations"],
     "SaveLatent": ["filename_prefix"],
     "CarnatorTinyWorldDecode": ["scale"],
     "SaveAnimatedWEBP": ["filename_prefix", "fps", "lossless", "quality", "method"],
@@ -146,7 +147,9 @@ def calibration_graph(backbone: str) -> dict[str, dict]:
                                     "pairs": 60, "first_seed": 0, "steps": STEPS, "cfg": CFG,
                                     "sampler_name": "euler", "scheduler": "simple",
                                     "psnr_bound": 30.0, "include_audits": True,
-                                    "switch_step": 0, "switch_sigma": 0.875, "probe_fraction": 0.1}),
+                                    "switch_step": 0, "switch_sigma": 0.875, "probe_fraction": 0.1,
+                                    "fill_region_on_its_tokens": False, "region_margin": 0,
+                                    "budget_generations": 0.0}),
     }
     return {k: {"class_type": t, "inputs": i, "_meta": {"title": t}} for k, (t, i) in g.items()}
 

@@ -33,6 +33,7 @@ def test_calibrate_node_writes_the_calibration_the_sampler_then_uses(tmp_path):
         history = server.run(calibrate_workflow(), timeout=900)
         report = history["outputs"]["5"]["text"][0]
         assert "5 prompt pairs" in report and "reuses measured" in report, report
+        assert "cost: " in report and "generation-equivalents" in report and "s wall" in report, report
         files = sorted(p.name for p in (server.cache_dir / "calibration").iterdir())
         fingerprint = next(n[:-5] for n in files if n.endswith(".json") and n.count(".") == 1)
         assert f"{fingerprint}.progress.jsonl" in files and f"{fingerprint}.report.json" in files

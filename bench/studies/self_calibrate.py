@@ -98,7 +98,7 @@ def main(argv=None) -> dict:
         i, n = (int(x) for x in a.shard.split("/"))
         mine = pairs[i::n]
         SC.measure(mine, make_run, settings, tolerance, os.path.join(a.out, f"progress.{i}-of-{n}.jsonl"),
-                   a.steps, a.seed, world.video, on_pair=on_pair)
+                   a.steps, a.seed, world.video, on_pair=on_pair, meter=world.meter)
         print(f"measured {len(mine)} pairs in {time.time() - t0:.0f} s")
         return {}
     # fit: the shards' measurements become the calibration's progress file, so nothing is re-measured
@@ -112,7 +112,8 @@ def main(argv=None) -> dict:
                 with open(os.path.join(a.out, name)) as g:
                     f.write(g.read())
     model, report = SC.calibrate(make_run, pairs, settings, tolerance, cache, fp, a.steps, seed=a.seed,
-                                 decode=world.video, include_audits=False, on_pair=on_pair, form=a.form)
+                                 decode=world.video, include_audits=False, on_pair=on_pair, form=a.form,
+                                 meter=world.meter)
     report["seconds_fit"] = round(time.time() - t0, 1)
     report["base_prompts"] = "builtin" if a.builtin_prompts else "calibration.jsonl anchors"
     report["pair_kinds"] = {k: sum(p["kind"] == k for p in pairs) for k in PP.KINDS + PP.MULTI_STEP}

@@ -18,6 +18,7 @@ import hashlib
 import json
 import math
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -28,6 +29,7 @@ from ..gate import RiskModel, evidence, evidence_class, finish_allows, reuse_reg
 from ..pipeline import ReuseSettings, TrajectoryRecord, fill_region, guided_finish_for, region_share_for
 from ..reuse.region_compute import RegionFinish
 from ..signature import tiles_to_latent_mask
+from .meter import ComputeMeter, CostLedger, PairCost, cost_text, pair_cost
 from .tolerance import Tolerance, psnr
 
 
@@ -157,14 +159,20 @@ def progress_path(calibration_file: str | Path) -> Path:
 
 def load_progress(path: str | Path) -> dict[str, list[dict]]:
     """Measured pairs by pair id; a line cut short by an interruption is dropped."""
-    done: dict[str, list[dict]] = {}
+    return {pid: row["instances"] for pid, row in _progress_rows(path).items()}
+
+
+def _progress_rows(path: str | Path) -> dict[str, dict]:
+    """The progress file's lines by pair id (instances, and the pair's cost where metered)."""
+    done: dict[str, dict] = {}
     if not Path(path).is_file():
         return done
     with open(path) as f:
         for line in f:
             try:
                 row = json.loads(line)
-                done[row["pair_id"]] = row["instances"]
+                if isinstance(row["instances"], list):
+                    done[row["pair_id"]] = row
             except (ValueError, KeyError, TypeError):
                 continue  # the last line of a killed run
     return done
@@ -174,37 +182,67 @@ def measure(pairs: list[dict], make_run: Callable[[str, int], object], settings:
             tolerance: Tolerance, progress_file: str | Path, steps: int, seed: int = 0,
             decode: Callable[[torch.Tensor], torch.Tensor] | None = None,
             region_threshold: float | None = None,
-            on_pair: Callable[[int, int], None] | None = None, log=print) -> list[dict]:
+            on_pair: Callable[[int, int], None] | None = None, log: Callable[[str], None] | None = None,
+            meter: ComputeMeter | None = None, ledger: CostLedger | None = None) -> list[dict]:
     """Measure every pair (both directions), resuming from ``progress_file``; returns the
     instances. Pair i runs with seed ``seed + group``: both requests of a pair share it, as
-    requests the cache may match do under the same_seed policy."""
+    requests the cache may match do under the same_seed policy.
+
+    Each pair's cost (``meter``: token rows counted at the model, in generation-equivalents;
+    without one, or on a model whose blocks it cannot find, by ``meter.pair_cost``'s rule)
+    and seconds are kept with it in the progress file and added to ``ledger``; once the
+    ledger's budget is spent no new pair is started (the pairs measured so far are returned)."""
     if tolerance.space == "frames" and decode is None:
         raise ValueError("a tolerance on decoded frames needs a decoder (connect the VAE), "
                          "or use the latent tolerance")
     region_threshold = RiskModel().region_threshold if region_threshold is None else region_threshold
-    done = load_progress(progress_file)
+    ledger = ledger if ledger is not None else CostLedger()
+    log = log or _say
+    ledger.pairs_planned = len(pairs)
+    done = _progress_rows(progress_file)
     p = settings.probe_steps(steps)
     snaps = settings.snapshot_steps(steps)
     instances: list[dict] = []
     Path(progress_file).parent.mkdir(parents=True, exist_ok=True)
-    for i, pair in enumerate(pairs):
-        pid = pair_id(pair, seed, steps, settings.same_scene_finish_calls, settings.other_finish_calls,
-                      settings.other_finish_region, settings.region_fill_on_m, settings.region_margin)
+    pids = [pair_id(pair, seed, steps, settings.same_scene_finish_calls, settings.other_finish_calls,
+                    settings.other_finish_region, settings.region_fill_on_m, settings.region_margin)
+            for pair in pairs]
+    for pid in dict.fromkeys(pids):  # what the pairs measured before cost (duplicates once)
+        if pid in done:
+            ledger.carried.append(PairCost.of(done[pid], done[pid]["instances"], steps))
+    for i, (pair, pid) in enumerate(zip(pairs, pids)):
         if pid not in done:
-            done[pid] = _measure_pair(pair, seed + int(pair["group"]), make_run, settings, tolerance,
-                                      decode, region_threshold, snaps, p)
+            if ledger.exhausted:
+                ledger.stopped_by_budget = True
+                ledger.pairs_skipped += 1
+                continue
+            done[pid] = {"pair_id": pid, **_measure_pair(pair, seed + int(pair["group"]), make_run, settings,
+                                                         tolerance, decode, region_threshold, snaps, p, meter)}
             with open(progress_file, "a") as f:  # one line per pair: a kill loses one pair at most
-                f.write(json.dumps({"pair_id": pid, "instances": done[pid]}) + "\n")
+                f.write(json.dumps(done[pid]) + "\n")
                 f.flush()
                 os.fsync(f.fileno())
-        instances += done[pid]
+            ledger.measured.append(PairCost.of(done[pid], done[pid]["instances"], steps))
+            log(ledger.progress_line(i + 1, sum(q not in done for q in pids[i + 1:])))
+        instances += done[pid]["instances"]
         if on_pair is not None:
             on_pair(i + 1, len(pairs))
     return instances
 
 
-def _measure_pair(pair, seed, make_run, settings, tolerance, decode, region_threshold, snaps, p):
-    full = {side: compute_full(make_run(pair[side], seed), snaps, p) for side in ("a", "b")}
+def _say(line: str) -> None:
+    print(line, flush=True)
+
+
+def _measure_pair(pair, seed, make_run, settings, tolerance, decode, region_threshold, snaps, p,
+                  meter=None) -> dict:
+    """One progress line: the pair's instances and what measuring them cost."""
+    t0, rows0 = time.perf_counter(), meter.rows if meter is not None else 0
+    full, unit = {}, 0
+    for side in ("a", "b"):
+        full[side] = compute_full(make_run(pair[side], seed), snaps, p)
+        if meter is not None and not unit:  # the unit: this pair's first full generation
+            unit = meter.rows - rows0
     frames = {side: decode(f.final) for side, f in full.items()} if decode else {}
     out = []
     for req, cand in (("b", "a"), ("a", "b")):
@@ -219,7 +257,14 @@ def _measure_pair(pair, seed, make_run, settings, tolerance, decode, region_thre
                                  settings, region_threshold, outcome)
         out.append({"group": pair["group"], "kind": pair.get("kind"), "prompt": pair[req],
                     "candidate_prompt": pair[cand], **inst})
-    return out
+    seconds = time.perf_counter() - t0
+    if unit:  # counted at the model
+        rows = meter.rows - rows0
+        cost = PairCost(rows / unit, seconds, "meter").as_dict()
+        cost.update(rows=rows, rows_per_generation=unit)
+    else:  # a model whose blocks the meter cannot find: the same rule on the records
+        cost = PairCost(pair_cost(out, full["a"].record.run.steps), seconds, "rule").as_dict()
+    return {"instances": out, "cost": cost}
 
 
 def calibrate(make_run: Callable[[str, int], object], pairs: list[dict], settings: ReuseSettings,
@@ -227,33 +272,62 @@ def calibrate(make_run: Callable[[str, int], object], pairs: list[dict], setting
               seed: int = 0, decode: Callable[[torch.Tensor], torch.Tensor] | None = None,
               include_audits: bool = True, delta: float = 0.1,
               on_pair: Callable[[int, int], None] | None = None,
-              form: str | None = None) -> tuple[RiskModel, dict]:
+              form: str | None = None, meter: ComputeMeter | None = None,
+              budget_generations: float = 0.0,
+              log: Callable[[str], None] | None = None) -> tuple[RiskModel, dict]:
     """Measure (resumably), fit, certify and save the calibration file the gate loads for
     ``fingerprint``; the report (with its held-out check) is saved beside it. ``form``: the
-    risk form (``gate.RISK_FORMS``); by default the one that matches how M is filled."""
+    risk form (``gate.RISK_FORMS``); by default the one that matches how M is filled.
+
+    The report's ``cost_generations`` is what the pairs it uses cost (``meter``: counted at
+    the model; the progress file keeps each pair's cost, so a resumed calibration counts the
+    spend of earlier runs), ``seconds`` this run's wall time. ``budget_generations`` > 0: no
+    new pair is started once that much is spent; what was measured is fitted (the report says
+    the budget stopped it) and a rerun with a larger budget continues."""
     from . import fit as CAL
     from .audit import DB_NAME, AuditLog
+    t0 = time.perf_counter()
     path = CAL.calibration_path(cache_folder, fingerprint, settings.probe_fraction)
+    ledger = CostLedger(budget_generations=max(0.0, float(budget_generations or 0)))
     instances = measure(pairs, make_run, settings, tolerance, progress_path(path), steps, seed,
-                        decode, on_pair=on_pair)
+                        decode, on_pair=on_pair, log=log, meter=meter, ledger=ledger)
+    used = len(pairs) - ledger.pairs_skipped
     audits = []
     if include_audits and (Path(cache_folder) / DB_NAME).exists():
         with AuditLog(cache_folder) as log_:
             audits = log_.audit_instances(fingerprint, tolerance, settings.probe_fraction)
-    model, report = CAL.fit_and_certify(instances + audits, RiskModel().region_threshold,
-                                        delta=delta, form=form or risk_form_for(settings),
-                                        tolerance=tolerance.as_dict(),
-                                        max_region_fraction=settings.gate.max_region_fraction,
-                                        probe_fraction=settings.probe_fraction)
-    model.source = (f"generic calibration: {len(pairs)} prompt pairs, {len(audits)} live audits, "
+    try:
+        model, report = CAL.fit_and_certify(instances + audits, RiskModel().region_threshold,
+                                            delta=delta, form=form or risk_form_for(settings),
+                                            tolerance=tolerance.as_dict(),
+                                            max_region_fraction=settings.gate.max_region_fraction,
+                                            probe_fraction=settings.probe_fraction)
+    except ValueError as e:
+        if not ledger.stopped_by_budget:
+            raise
+        # the budget stopped it before there was enough to fit: nothing is written but the
+        # progress file, which the next run continues from
+        report = _unfitted_report(instances, str(e), tolerance)
+        model = RiskModel()
+    model.source = (f"generic calibration: {used} prompt pairs, {len(audits)} live audits, "
                     f"PSNR on {tolerance.space} ≥ {tolerance.psnr_bound:g} dB; " + model.source)
-    report.update(model_fingerprint=fingerprint, pairs=len(pairs), audits_used=len(audits),
+    report.update(model_fingerprint=fingerprint, pairs=used, audits_used=len(audits),
                   steps=steps, source=model.source, thresholds=model.thresholds,
                   probe_fraction=settings.probe_fraction, region_fill_on_m=model.region_fill_on_m,
-                  region_margin=model.region_margin)
+                  region_margin=model.region_margin, cost=ledger.as_dict(),
+                  cost_generations=round(ledger.spent, 3), seconds=round(time.perf_counter() - t0, 1))
+    if report.get("not_fitted"):
+        return model, report
     saved = CAL.save(model, cache_folder, fingerprint)  # beside the general file if that holds another N
     saved.with_name(saved.stem + ".report.json").write_text(json.dumps(report, indent=1))
     return model, report
+
+
+def _unfitted_report(instances: list[dict], why: str, tolerance: Tolerance) -> dict:
+    reuses = [d for inst in instances for d in inst["depths"]]
+    return {"instances": len(instances), "measured_reuses": len(reuses),
+            "exceeded_tolerance": sum(int(d["label"]) for d in reuses), "heldout": {},
+            "tolerance": tolerance.as_dict(), "not_fitted": why}
 
 
 def risk_form_for(settings: ReuseSettings) -> str:
@@ -266,7 +340,8 @@ def report_text(report: dict) -> str:
     """The calibration's outcome for a person: what was measured, what is certified, and
     the held-out check of the gate's decisions."""
     tol = report.get("tolerance") or {}
-    lines = [f"calibrated model {report['model_fingerprint'][:12]}: {report['pairs']} prompt pairs "
+    what = "measured (not calibrated yet)" if report.get("not_fitted") else "calibrated"
+    lines = [f"{what} model {report['model_fingerprint'][:12]}: {report['pairs']} prompt pairs "
              f"+ {report.get('audits_used', 0)} audits → {report['measured_reuses']} reuses measured, "
              f"{report['exceeded_tolerance']} beyond tolerance (PSNR on {tol.get('space')} < "
              f"{tol.get('psnr_bound')} dB), for probe_fraction {report.get('probe_fraction', 0.1):g} "
@@ -280,4 +355,6 @@ def report_text(report: dict) -> str:
     for a, v in report["heldout"].items():
         lines.append(f"held-out check α={float(a):.0%}: {v['accepted']} of {v['instances']} accepted, "
                      f"false accepts {v['false_accept_rate']:.1%} (95% upper {v['false_accept_upper95']:.1%})")
-    return "\n".join(lines)
+    if report.get("not_fitted"):
+        lines.append(f"not fitted, nothing written but the measurements: {report['not_fitted']}")
+    return "\n".join(lines + cost_text(report))

@@ -1,0 +1,177 @@
+"""What a calibration costs, in *generation-equivalents*.
+
+The unit is one full generation at the calibrated size and steps: N steps × all the latent's
+tokens × the cond/uncond passes the sampler runs = 1.0. A reuse resumed at depth k of N costs
+(N − k)/N, plus its fill of region M and any calls on M's tokens alone at their share of the
+tokens. A calibration pair costs its two full runs (2.0) plus every reuse measured on it.
+
+The count is *measured* where it can be: ``comfy_adapter.attach_meter`` counts the token rows
+entering the model's last transformer block into a ``ComputeMeter`` (a call skipped by
+EasyCache never gets there, a call on M's tokens brings only those), and a pair's rows are
+divided by the rows of its own first full run. Where the model's blocks are unknown, or for
+measurement records written before the meter, ``pair_cost`` applies the same rule to the
+records. Plain Python: no torch, no ComfyUI.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+class ComputeMeter:
+    """Token rows the model computed, as a hook at its last block reports them
+    (``comfy_adapter.attach_meter``); ``available`` once a block list was found."""
+
+    def __init__(self) -> None:
+        self.rows = 0
+        self.available = False
+
+    def add(self, rows: int) -> None:
+        self.rows += int(rows)
+
+    def steps(self, rows: int, rows_per_step: float) -> float | None:
+        """``rows`` in model steps of a full computation (None when nothing can be counted)."""
+        return rows / rows_per_step if self.available and rows_per_step else None
+
+
+# ------------------------------------------------------------------ the rule, on records
+def reuse_steps(depth: dict, steps: int) -> float:
+    """Model steps (of the whole frame) one measured reuse computed, from its record: the
+    steps after its depth k — all of them; a guided finish's computed ones (its
+    ``predicted_steps`` are not computed); a region finish's full calls plus its calls on M's
+    tokens at ``token_share`` — plus the fill of M (``fill_steps``: full calls plus calls on
+    M's tokens at their share, as ``pipeline.Fill.steps`` counts them)."""
+    after = steps - int(depth["k"])
+    region = int(depth.get("region_steps") or 0)
+    if region:
+        finish = after - region + region * float(depth.get("token_share") or 0.0)
+    else:
+        finish = after - int(depth.get("predicted_steps") or 0)
+    return finish + float(depth.get("fill_steps") or 0.0)
+
+
+def pair_cost(instances: list[dict], steps: int) -> float:
+    """Generation-equivalents of one measured pair by the rule: the two full runs (request
+    and candidate) and every reuse measured in either direction."""
+    return 2.0 + sum(reuse_steps(d, steps) for inst in instances for d in inst["depths"]) / steps
+
+
+# ------------------------------------------------------------------ one calibration's ledger
+@dataclass
+class PairCost:
+    generations: float
+    seconds: float | None = None   # None: not timed (measured before the meter)
+    by: str = "meter"              # "meter" (counted at the model) or "rule" (from the records)
+
+    def as_dict(self) -> dict:
+        return {"generations": round(self.generations, 4), "by": self.by,
+                **({"seconds": round(self.seconds, 2)} if self.seconds is not None else {})}
+
+    @classmethod
+    def of(cls, row: dict | None, instances: list[dict], steps: int) -> "PairCost":
+        """A progress line's stored cost, or the rule's for a line written without one."""
+        got = (row or {}).get("cost") or {}
+        if got.get("generations") is not None:
+            return cls(float(got["generations"]), got.get("seconds"), got.get("by", "meter"))
+        return cls(pair_cost(instances, steps), None, "rule")
+
+
+@dataclass
+class CostLedger:
+    """What one calibration spends: pairs carried from its progress file and pairs measured
+    now, against an optional budget (0: none), with the ETA of the pairs left."""
+    budget_generations: float = 0.0
+    pairs_planned: int = 0
+    carried: list[PairCost] = field(default_factory=list)
+    measured: list[PairCost] = field(default_factory=list)
+    stopped_by_budget: bool = False
+    pairs_skipped: int = 0          # pairs the budget left unmeasured
+
+    @property
+    def spent(self) -> float:
+        return sum(c.generations for c in self.carried + self.measured)
+
+    @property
+    def exhausted(self) -> bool:
+        return self.budget_generations > 0 and self.spent >= self.budget_generations
+
+    def per_pair(self) -> tuple[float | None, float | None]:
+        """(generation-equivalents, seconds) per pair, from the pairs measured in this run
+        (their machine), else from the carried ones that have them."""
+        for pool in (self.measured, self.carried):
+            timed = [c.seconds for c in pool if c.seconds is not None]
+            if pool:
+                cost = sum(c.generations for c in pool) / len(pool)
+                return cost, (sum(timed) / len(timed) if timed else None)
+        return None, None
+
+    def progress_line(self, done: int, left: int) -> str:
+        """After a pair: what was spent, and what the pairs left will cost and take."""
+        last = self.measured[-1]
+        cost, secs = self.per_pair()
+        line = (f"calibration: pair {done} of {self.pairs_planned} measured, "
+                f"{last.generations:.2f} generation-equivalents"
+                + (f" in {last.seconds:.0f} s" if last.seconds is not None else "")
+                + f"; spent {self.spent:.1f}"
+                + (f" of a budget of {self.budget_generations:g}" if self.budget_generations > 0 else ""))
+        if left and cost:
+            line += (f"; {_pairs(left)} left ≈ {left * cost:.0f} generation-equivalents"
+                     + (f", ETA {_duration(left * secs)}" if secs is not None else "")
+                     + f" (from {_pairs(len(self.measured))} measured: {cost:.2f} per pair"
+                     + (f", {secs:.0f} s per pair)" if secs is not None else ")"))
+            if self.budget_generations > 0:
+                room = max(0.0, self.budget_generations - self.spent)
+                fits = min(left, int(-(-room // cost)))  # the pair that crosses it is finished
+                if fits == 0:
+                    line += "; the budget is spent: no new pair is started"
+                elif fits < left:
+                    line += f"; the budget stops it after about {_pairs(fits)} more"
+        return line
+
+    def as_dict(self, steps_seconds: float | None = None) -> dict:
+        cost, secs = self.per_pair()
+        return {
+            "cost_generations": round(self.spent, 3),
+            "this_run_generations": round(sum(c.generations for c in self.measured), 3),
+            "carried_generations": round(sum(c.generations for c in self.carried), 3),
+            "pairs_measured_now": len(self.measured), "pairs_carried": len(self.carried),
+            "pairs_by_rule": sum(c.by == "rule" for c in self.carried + self.measured),
+            "pairs_planned": self.pairs_planned, "pairs_skipped": self.pairs_skipped,
+            "generations_per_pair": None if cost is None else round(cost, 3),
+            "seconds_per_pair": None if secs is None else round(secs, 2),
+            "measuring_seconds": round(sum(c.seconds or 0.0 for c in self.carried + self.measured), 1),
+            "budget_generations": self.budget_generations, "stopped_by_budget": self.stopped_by_budget,
+        }
+
+
+def _pairs(n: int) -> str:
+    return f"{n} pair" + ("s" if n != 1 else "")
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 2 * 3600:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def cost_text(report: dict) -> list[str]:
+    """The report's lines on cost and budget, for a person."""
+    cost = report.get("cost") or {}
+    if not cost:
+        return []
+    spent = cost["cost_generations"]
+    lines = [f"cost: {spent:.1f} generation-equivalents (1.0 = one full generation at these steps "
+             f"and size; {cost['this_run_generations']:.1f} in this run, "
+             f"{cost['carried_generations']:.1f} carried from the progress file), "
+             f"{report.get('seconds', 0):.0f} s wall in this run"
+             + (f"; {cost['pairs_by_rule']} pairs measured before the meter counted by rule"
+                if cost.get("pairs_by_rule") else "")]
+    if cost.get("stopped_by_budget"):
+        done = cost["pairs_planned"] - cost["pairs_skipped"]
+        lines.append(f"stopped by the budget of {cost['budget_generations']:g} generation-equivalents after "
+                     f"{done} of {cost['pairs_planned']} pairs (the pair that crossed it was finished: spent "
+                     f"{spent:.1f}); the results above use those {_pairs(done)}. Run it "
+                     "again with a larger budget and it continues where it stopped: measured pairs and "
+                     "their cost are kept in the progress file")
+    return lines
