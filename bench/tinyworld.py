@@ -436,6 +436,31 @@ def run_easycache(world: World, lines, refs, threshold: float, psnr_bound: float
     return metrics(recs, psnr_bound)
 
 
+class PlanTap:
+    """The gate's plan for one request, as the pipeline hands it to the reuse: its evidence
+    ``features`` go into the request's record (the Summary does not carry them). Wraps
+    ``carnator_core.pipeline.reuse`` for the one request and puts it back after. Bench only."""
+
+    def __enter__(self) -> "PlanTap":
+        from carnator_core import pipeline
+        self._pipeline, self._reuse, self.plan = pipeline, pipeline.reuse, None
+
+        def reuse(pr, plan):
+            self.plan = plan
+            return self._reuse(pr, plan)
+        pipeline.reuse = reuse
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._pipeline.reuse = self._reuse
+
+    def features(self) -> dict | None:
+        """The plan's features (the accepted candidate's on a hit, the deciding verdict's on a
+        miss), floats; None where the gate decided nothing (an exact repeat, no candidate)."""
+        feats = getattr(self.plan, "features", None)
+        return {k: float(v) for k, v in feats.items()} if feats else None
+
+
 def run_carnator(world: World, lines, refs, budget, risk_model_path, psnr_bound, sparse: bool,
                  workdir: str, fill_calls: int = 0, min_saving: float = 0.0,
                  recurring: bool | None = None,
@@ -463,10 +488,11 @@ def run_carnator(world: World, lines, refs, budget, risk_model_path, psnr_bound,
     recs, scene_of, unit = [], {}, rows_per_step(refs, world.steps)
     for i, ln in enumerate(lines):
         t0, rows = time.perf_counter(), world.meter.rows
-        samples, s = run_request(world.model, world.cond(ln["prompt"]), world.negative, world.latent(),
-                                 int(ln["seed"]), world.steps, world.cfg, world.sampler, world.scheduler,
-                                 settings, {"folder": folder, "capacity_bytes": 1 << 30},
-                                 seed_policy=refs[i]["policy"], label=ln["prompt"])
+        with PlanTap() as tap:
+            samples, s = run_request(world.model, world.cond(ln["prompt"]), world.negative, world.latent(),
+                                     int(ln["seed"]), world.steps, world.cfg, world.sampler, world.scheduler,
+                                     settings, {"folder": folder, "capacity_bytes": 1 << 30},
+                                     seed_policy=refs[i]["policy"], label=ln["prompt"])
         t = time.perf_counter() - t0
         measured = world.meter.steps(world.meter.rows - rows, unit)
         v = world.video(samples)
@@ -481,7 +507,7 @@ def run_carnator(world: World, lines, refs, budget, risk_model_path, psnr_bound,
                      "sparse_calls": s.sparse_calls, "sparse_density": s.sparse_density,
                      "region_fraction": s.region_fraction, "edit": ln.get("edit") or ln.get("kind"),
                      "session": ln.get("session"),
-                     "entry_id": s.entry_id, "stored_id": s.stored_id,
+                     "entry_id": s.entry_id, "stored_id": s.stored_id, "features": tap.features(),
                      "same_scene": (same_scene(ln["scene"], scene_of[s.entry_id])
                                     if s.outcome == "hit" and s.entry_id in scene_of else None)})
         if own_refs is not None:

@@ -1,6 +1,6 @@
 """Write the tiny-world benchmark workloads (bench/workloads/*.jsonl), deterministically.
 
-    python scripts/make_workloads.py            # iterate, serve, calibration
+    python scripts/make_workloads.py            # every workload below
 
 Each line is a JSON object with at least ``prompt``, ``seed`` and ``scene``; extra fields say
 what the line is (``seed_policy``, ``edit``/``kind``, ``session``/``group``) so results can be
@@ -26,6 +26,12 @@ comparisons never have to read prose back (a speed word, for one, is in the prom
 - serve_reworded.jsonl: serve's requests (same scenes, popularity and seeds), each written in
   the held-out template families of tinyworld.language, phrasings neither the model's training
   nor the calibration ever drew: the gate on people's own rewording.
+- unseen_edits.jsonl: editing sessions (fixed seed each, mostly two objects) of edits neither
+  iterate's generator nor the calibration makes, every prompt in wording no other workload uses:
+  a position or motion flip (either axis) with a full rewording, the colours of two objects
+  swapped, an object added or removed, the same scene rewritten in revision 2's own templates.
+  Prompts come from tinyworld.language's training families (the model was trained on them; no
+  other workload draws from them), the last edit kind from revision 2's own clause templates.
 """
 from __future__ import annotations
 
@@ -324,6 +330,124 @@ def calibration(n_pairs=240, exclude=()):
     return _pairs(CALIBRATION_KINDS, n_pairs, 3003, 900_000, 500_000, 0, exclude)
 
 
+# ------------------------------------------------------------------ unseen_edits
+# Wording for unseen_edits: the training families of tinyworld.language (no other workload
+# draws from them; iterate, novel and the calibration write world.caption(), serve_reworded the
+# held-out families), and for the "new_template" edit revision 2's own clause templates.
+FLIP_ACROSS = {"horizontal": {"top left": "top right", "top right": "top left",
+                              "bottom left": "bottom right", "bottom right": "bottom left"},
+               "vertical": {"top left": "bottom left", "bottom left": "top left",
+                            "top right": "bottom right", "bottom right": "top right"}}
+
+
+def _language():
+    from tinyworld import language as LANG  # as reworded() does: only the workloads that phrase load it
+    return LANG
+
+
+def new_template_families() -> tuple:
+    """Revision 2's own clause templates ("…, located in the top left, moves left", "… appears
+    in … and …", "… can be seen …, moving …"), which no workload and no calibration pair is
+    written in, with any training joiner, revision 2's frame and the training surfaces (its
+    joiners alone make two objects longer than the encoder reads too often)."""
+    LANG = _language()
+    return (("clause.located", "clause.appears", "frame.shows")
+            + tuple(f for f in LANG.TRAIN_FAMILIES if LANG.family_kind(f) in ("joiner", "surface")))
+
+
+def _flip_either_axis(scene, rng):
+    """Flip one object's position (left/right or top/bottom, into a free slot) or its motion
+    (to the opposite direction, either axis); iterate flips left/right only."""
+    s = _copy(scene)
+    i = rng.randrange(len(s["objects"]))
+    o = s["objects"][i]
+    used = {x["position"] for j, x in enumerate(s["objects"]) if j != i}
+    options = [("motion", WD.OPPOSITE[o["motion"]])]
+    options += [("position", flip[o["position"]]) for flip in FLIP_ACROSS.values()
+                if flip[o["position"]] not in used]
+    attr, value = rng.choice(options)
+    o[attr] = value
+    return s, attr
+
+
+def _swap_colours(scene):
+    s = _copy(scene)
+    a, b = s["objects"]
+    a["colour"], b["colour"] = b["colour"], a["colour"]
+    return s
+
+
+def _add_or_remove_object(scene, rng):
+    """Remove one of two objects, or add one (free slot, unused colour) beside a lone one."""
+    s = _copy(scene)
+    if len(s["objects"]) == 2:
+        s["objects"].pop(rng.randrange(2))
+        return s, "remove_object"
+    o = s["objects"][0]
+    s["objects"].append({"shape": rng.choice(WD.SHAPES),
+                         "colour": rng.choice([c for c in WD.COLOURS if c != o["colour"]]),
+                         "position": rng.choice([p for p in WD.POSITIONS if p != o["position"]]),
+                         "motion": rng.choice(WD.MOTIONS)})
+    return s, "add_object"
+
+
+def _rewording(scene, rng, families, previous=None, tries=50):
+    """A phrasing (tinyworld.language.Phrasing) of ``scene`` from ``families`` that words it
+    anew: another text than ``previous``, and where a draw allows it, none of its clause
+    families (a full rewording, not a word swapped)."""
+    LANG = _language()
+    got = None
+    for _ in range(tries):
+        got = LANG.compose(scene, rng, families)
+        if previous is None or (got.text != previous.text and not (
+                set(got.families["clause"]) & set(previous.families["clause"]))):
+            return got
+    if got.text == previous.text:
+        raise ValueError(f"no other phrasing of {scene['objects']} in {tries} draws from {families}")
+    return got
+
+
+def unseen_edit_phrasings(n_sessions=40, edits=5, seed=4747, first_seed=4_700_000):
+    """unseen_edits' lines, each with the tinyworld.language Phrasing its prompt is the text of
+    (its pieces tagged by object and attribute, so a test can read every prompt back)."""
+    wording = _language().TRAIN_FAMILIES
+    rng = random.Random(seed)
+    out = []
+    for sess in range(n_sessions):
+        scene = WD.random_scene(rng, 1 if sess % 4 == 0 else 2)
+        req_seed = first_seed + sess
+        said = _rewording(scene, rng, wording)
+        edit = "start"
+        for step in range(edits + 1):
+            if step:
+                kinds = ["flip_reword", "flip_reword", "add_remove", "new_template"]
+                if len(scene["objects"]) == 2:
+                    kinds.append("colour_swap")
+                kind = rng.choice(kinds)
+                if kind == "flip_reword":
+                    scene, what = _flip_either_axis(scene, rng)
+                    said, edit = _rewording(scene, rng, wording, said), f"flip_reword_{what}"
+                elif kind == "colour_swap":
+                    scene = _swap_colours(scene)
+                    said, edit = _rewording(scene, rng, wording, said), kind
+                elif kind == "add_remove":
+                    scene, edit = _add_or_remove_object(scene, rng)
+                    said = _rewording(scene, rng, wording, said)
+                else:
+                    said, edit = _rewording(scene, rng, new_template_families(), said), kind
+            out.append(({"prompt": said.text, "seed": req_seed, "seed_policy": "same_seed",
+                         "session": sess, "edit": edit, "scene": scene_field(scene)}, said))
+    return out
+
+
+def unseen_edits(n_sessions=40, edits=5, seed=4747, first_seed=4_700_000):
+    """Editing sessions of edit kinds and wordings no other workload and no calibration pair
+    has (see the module's docstring), for the gate's guarantee at many steps on traffic it
+    never saw: one or (three sessions in four) two objects, ``edits`` edits after the first
+    request, every request of a session on one seed."""
+    return [line for line, _ in unseen_edit_phrasings(n_sessions, edits, seed, first_seed)]
+
+
 def write(name, lines, out):
     os.makedirs(out, exist_ok=True)
     path = os.path.join(out, f"{name}.jsonl")
@@ -348,9 +472,12 @@ def workloads() -> dict:
     assert not {x["seed"] for x in replicate} & {x["seed"] for x in cal + it + sv + nv}
     more = more_paraphrase_pairs(first_group=1 + max(x["group"] for x in cal), exclude=held)
     assert not {x["seed"] for x in more} & {x["seed"] for x in cal + it + sv + nv + replicate}
-    return {"iterate": it, "serve": sv, "novel": nv, "calibration": cal, "drift": drift(),
+    dr, unseen = drift(), unseen_edits()
+    assert not {x["seed"] for x in unseen} & {x["seed"] for x in cal + it + sv + nv + replicate + more + dr}
+    assert not {x["prompt"] for x in unseen} & {x["prompt"] for x in cal + more}
+    return {"iterate": it, "serve": sv, "novel": nv, "calibration": cal, "drift": dr,
             "iterate_replicate": replicate, "calibration_paraphrases": more,
-            "serve_reworded": reworded(sv)}
+            "serve_reworded": reworded(sv), "unseen_edits": unseen}
 
 
 def main(argv=None):

@@ -170,6 +170,9 @@ def test_benchmark_meters_the_model_work_of_every_system(tmp_path):
     for r in recs:
         assert r["steps_measured"] == pytest.approx(r["steps_computed"], abs=1e-6)
     assert recs[2]["steps_measured"] < 20 if recs[2]["outcome"] == "hit" else recs[2]["steps_measured"] == 20
+    # the gate's plan is in each record: no features where it decided nothing, the evidence of a hit
+    assert recs[0]["features"] is None and recs[1]["features"] is None
+    assert recs[2]["outcome"] != "hit" or {"region_fraction", "depth_fraction"} <= set(recs[2]["features"])
 
 
 def _localization():
