@@ -159,6 +159,15 @@ def test_many_steps_runner_parses_its_arguments():
     assert printed.startswith("usage:") and "--workloads" in printed and "--force" in printed
 
 
+def test_online_certification_benchmark_smoke(tmp_path):
+    """The replay of online certification: its options parse, and a short stream writes its JSON."""
+    assert run(["bench/online_certification.py", "--help"], timeout=180).startswith("usage:")
+    target = tmp_path / "online.json"
+    run(["bench/online_certification.py", "--requests", "2000", "--budgets", "0.1", "--out", str(target)])
+    r = json.loads(target.read_text())
+    assert "REPLAY" in r["what"] and r["budgets"][0]["series"] and r["budgets"][0]["cost_generations"] > 0
+
+
 STUDIES = sorted(p.name for p in (REPO / "bench" / "studies").glob("*.py") if p.name != "study_paths.py")
 
 

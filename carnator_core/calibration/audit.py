@@ -15,6 +15,17 @@ calibration certified (α = 5% then uses the thresholds certified at 2%, then 1%
 nothing), or halves α for an uncalibrated model. Audits then count afresh at the new level.
 It does not relax by itself: a relaxed budget has no audits behind it. A new calibration
 (which may include the audits as data, ``audit_instances``) starts from level 0.
+
+Certifying online (``AuditLog.online``, ``online_model``; the tests are sequential.py's):
+per budget α and certified cell, the audits feed an anytime-valid Learn-then-Test over the
+ladder of thresholds the calibration certified at any budget (strict → permissive). Each
+audit feeds the threshold it was sampled for (``feeds``; an ordinary audit: the threshold
+its gate ran at), clustered by the stored entry it reused. What the stream certifies may
+*extend* the calibration's threshold at α — deeper depths, the thresholds of looser budgets
+— and an alarm (risk > α shown) steps it back. Extending needs audits of reuses the gate
+does not make yet: ``explore`` picks them (sequential.audit_plan). The pipeline does not call
+it yet: today every audit is an ordinary one and the online certificate can only confirm
+the calibration's threshold or step it back.
 """
 from __future__ import annotations
 
@@ -29,16 +40,24 @@ from pathlib import Path
 from ..gate import (DEFAULT_PROBE_FRACTION, EVIDENCE_CLASSES, RiskModel, class_of_option, evidence_class,
                     same_probe)
 from .risk_control import clopper_pearson_lower, clopper_pearson_upper, min_accepted
+from .sequential import GridCertifier, audit_plan
 
 DB_NAME = "audits.sqlite"
 DELTA = 0.1  # intervals and the tightening rule at 90% confidence, as the certified thresholds
+# Online certificate: audits of one stored entry count as one cluster of at most this many
+# (sequential.py: a cluster of S labels is bet on as S/MAX_CLUSTER of a label's worth each, so
+# S is kept near what a reference gets at a few % audits), closed after CLUSTER_HORIZON later
+# audits of its threshold.
+MAX_CLUSTER = 2
+CLUSTER_HORIZON = 20
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS audits (
     id INTEGER PRIMARY KEY, time REAL NOT NULL, fingerprint TEXT NOT NULL,
     calibration TEXT NOT NULL, alpha REAL NOT NULL, klass TEXT NOT NULL, level INTEGER NOT NULL,
     k INTEGER, steps INTEGER, score REAL, psnr REAL NOT NULL, label INTEGER NOT NULL,
-    space TEXT NOT NULL, entry_id TEXT, request TEXT, features TEXT, probe_fraction REAL);
+    space TEXT NOT NULL, entry_id TEXT, request TEXT, features TEXT, probe_fraction REAL,
+    feeds TEXT, explored INTEGER);
 CREATE INDEX IF NOT EXISTS audits_by_model ON audits (fingerprint, calibration, alpha, klass, level);
 CREATE TABLE IF NOT EXISTS audit_levels (
     fingerprint TEXT NOT NULL, calibration TEXT NOT NULL, alpha REAL NOT NULL, klass TEXT NOT NULL,
@@ -47,15 +66,30 @@ CREATE TABLE IF NOT EXISTS audit_levels (
 """
 
 
+def draw(key: str) -> float:
+    """The request's uniform number in [0, 1): a hash of its key, so a re-run decides the same
+    and no label can influence which requests are audited."""
+    return int(hashlib.sha256(key.encode()).hexdigest()[:12], 16) / float(16 ** 12)
+
+
 def sampled(rate: float, key: str) -> bool:
-    """Whether the request with this key is audited: a hash of the key against the rate, so
-    the share audited is the rate and a re-run of the same request decides the same."""
+    """Whether the request with this key is audited: its ``draw`` against the rate, so the
+    share audited is the rate and a re-run of the same request decides the same."""
     if rate <= 0:
         return False
     if rate >= 1:
         return True
-    u = int(hashlib.sha256(key.encode()).hexdigest()[:12], 16) / float(16 ** 12)
-    return u < rate
+    return draw(key) < rate
+
+
+def explore(key: str, now, beyond, audit_rate: float, explore_rate: float) -> dict:
+    """Which reuses of this candidate to label (``sequential.audit_plan`` with the request's
+    ``draw``): ``now`` / ``beyond`` the reuse the gate would run at its threshold / one point
+    of the online ladder beyond it (``AuditLog.online``'s ``explore``), None where it would
+    not reuse. An explored candidate is computed and served in full, so exploring costs
+    compute, not quality. Audits then pass ``feeds`` (the thresholds of "now" and "beyond")
+    and ``explored`` (the reuse was not served) to ``AuditLog.record``."""
+    return audit_plan(draw(key), now, beyond, audit_rate, explore_rate)
 
 
 def calibration_id(model: RiskModel) -> str:
@@ -69,8 +103,8 @@ def calibration_id(model: RiskModel) -> str:
     # so the levels their audits tightened hold
     if same_probe(fields["probe_fraction"], DEFAULT_PROBE_FRACTION):
         del fields["probe_fraction"]
-    for name in ("region_fill_on_m", "region_margin", "measured_steps"):
-        if not fields[name]:
+    for name in ("region_fill_on_m", "region_margin", "measured_steps", "region_share_bounds"):
+        if name in fields and not fields[name]:
             del fields[name]
     return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:16]
 
@@ -116,19 +150,23 @@ class AuditLog:
         self.db = sqlite3.connect(str(self.path), timeout=30, isolation_level=None)
         self.db.execute("PRAGMA journal_mode=WAL")
         self.db.executescript(SCHEMA)
-        self._add_probe_column()
+        self._add_columns()
 
-    def _add_probe_column(self) -> None:
-        """Audit files written before the probe was recorded: their audits (NULL) were all
-        made with the default probe."""
+    # columns added since the first audit files, with what their NULL means in older rows
+    ADDED = {"probe_fraction": "REAL",  # NULL: made with the default probe
+             "feeds": "TEXT",           # NULL: fed the threshold its gate ran at
+             "explored": "INTEGER"}     # NULL: an ordinary audit of a served reuse
+
+    def _add_columns(self) -> None:
         columns = {row[1] for row in self.db.execute("PRAGMA table_info(audits)")}
-        if "probe_fraction" in columns:
-            return
-        try:
-            self.db.execute("ALTER TABLE audits ADD COLUMN probe_fraction REAL")
-        except sqlite3.OperationalError as e:  # another worker added it in between
-            if "duplicate column" not in str(e):
-                raise
+        for name, kind in self.ADDED.items():
+            if name in columns:
+                continue
+            try:
+                self.db.execute(f"ALTER TABLE audits ADD COLUMN {name} {kind}")
+            except sqlite3.OperationalError as e:  # another worker added it in between
+                if "duplicate column" not in str(e):
+                    raise
 
     def close(self) -> None:
         self.db.close()
@@ -147,25 +185,31 @@ class AuditLog:
     def record(self, fingerprint: str, calibration: str, alpha: float, features: dict,
                score: float | None, k: int, steps: int, psnr: float, label: int, space: str,
                entry_id: str | None = None, request: str | None = None,
-               probe_fraction: float = DEFAULT_PROBE_FRACTION) -> dict:
+               probe_fraction: float = DEFAULT_PROBE_FRACTION, feeds: list[float] | None = None,
+               explored: bool = False) -> dict:
         """Store one audit; tighten its class if the audits at its level now show α broken.
-        Returns the class's state (``interval`` plus level and what changed)."""
+        Returns the class's state (``interval`` plus level and what changed).
+
+        ``feeds``: the thresholds of the online ladder this labelled reuse was sampled for
+        (``explore``; None: the one its gate ran at). ``explored``: the reuse was labelled
+        but not served (the request was served in full): it feeds the online certificate
+        only, not the served reuses' rate and the tightening rule."""
         klass = evidence_class(features)
         with self.db:  # one transaction: two workers never both tighten from one count
             self.db.execute("BEGIN IMMEDIATE")
             level = self.levels(fingerprint, calibration, alpha).get(klass, 0)
             self.db.execute(
                 "INSERT INTO audits (time, fingerprint, calibration, alpha, klass, level, k, steps, "
-                "score, psnr, label, space, entry_id, request, features, probe_fraction) "
-                "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                "score, psnr, label, space, entry_id, request, features, probe_fraction, feeds, "
+                "explored) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
                 (time.time(), fingerprint, calibration, alpha, klass, level, k, steps, score,
                  psnr, int(label), space, entry_id, request, json.dumps(features),
-                 float(probe_fraction)))
-            n, bad = self.db.execute(
-                "SELECT COUNT(*), COALESCE(SUM(label),0) FROM audits WHERE fingerprint=? AND "
-                "calibration=? AND alpha=? AND klass=? AND level=?",
-                (fingerprint, calibration, alpha, klass, level)).fetchone()
+                 float(probe_fraction), None if feeds is None else json.dumps([float(f) for f in feeds]),
+                 int(explored)))
+            n, bad = self._served(fingerprint, calibration, alpha, klass, level)
             state = {"klass": klass, "level": level, **interval(bad, n), "tightened": False}
+            if explored:
+                return state
             if should_tighten(n, bad, alpha):
                 state["reason"] = (f"audits: {bad} of {n} {klass.replace('_', '-')} reuses beyond "
                                    f"tolerance ({bad / n:.1%}) > α {alpha:.1%}; gate tightened "
@@ -176,10 +220,20 @@ class AuditLog:
                 state.update(tightened=True, level=level + 1)
         return state
 
-    def status(self, fingerprint: str, calibration: str | None = None) -> dict:
+    def _served(self, fingerprint: str, calibration: str, alpha: float, klass: str,
+                level: int) -> tuple[int, int]:
+        """Audits of served reuses at one level, and how many were beyond tolerance."""
+        return self.db.execute(
+            "SELECT COUNT(*), COALESCE(SUM(label),0) FROM audits WHERE fingerprint=? AND "
+            "calibration=? AND alpha=? AND klass=? AND level=? AND NOT COALESCE(explored, 0)",
+            (fingerprint, calibration, alpha, klass, level)).fetchone()
+
+    def status(self, fingerprint: str, calibration: str | None = None,
+               model: RiskModel | None = None) -> dict:
         """Per budget α audited so far: overall and per class, at each class's current level
-        and over all levels."""
-        where, args = "fingerprint=?", [fingerprint]
+        and over all levels (audits of served reuses). With the calibration's ``model``: also
+        ``online``, its online certificate per cell (``online``)."""
+        where, args = "fingerprint=? AND NOT COALESCE(explored, 0)", [fingerprint]
         if calibration is not None:
             where, args = where + " AND calibration=?", args + [calibration]
         out: dict = {}
@@ -195,12 +249,49 @@ class AuditLog:
             levels = self.levels(fingerprint, a["calibration"], a["alpha"])
             for klass, c in a["classes"].items():
                 c["level"] = levels.get(klass, 0)
-                n, bad = self.db.execute(
-                    "SELECT COUNT(*), COALESCE(SUM(label),0) FROM audits WHERE fingerprint=? AND "
-                    "calibration=? AND alpha=? AND klass=? AND level=?",
-                    (fingerprint, a["calibration"], a["alpha"], klass, c["level"])).fetchone()
+                n, bad = self._served(fingerprint, a["calibration"], a["alpha"], klass, c["level"])
                 c["current"], c["all"] = interval(bad, n), interval(*c["all"][::-1])
             a["all"] = interval(*a["all"][::-1])
+        if model is not None and model.thresholds:
+            for key, cells in self.online(fingerprint, model).items():
+                if key in out and out[key]["calibration"] == calibration_id(model):
+                    out[key]["online"] = {cell: g.summary() for cell, g in cells.items()}
+        return out
+
+    def online(self, fingerprint: str, model: RiskModel, delta: float = DELTA,
+               extra: dict[str, list[float]] | None = None) -> dict[str, dict[str, GridCertifier]]:
+        """The online certificate of this calibration: per budget α audited (``f"{α:g}"``) and
+        per certified cell, a ``sequential.GridCertifier`` fed with the audits in the order
+        they were made.
+
+        Its ladder (``ladder``) is the cell's thresholds the calibration certified at any
+        budget, plus ``extra[cell]``; it starts at the threshold certified at α. Each audit
+        feeds the ladder points it was sampled for (``feeds``; an ordinary audit: the threshold
+        its gate ran at, after the tightening of its level), clustered by the stored entry it
+        reused. Audits made at another α are another gate's traffic and do not count."""
+        calib = calibration_id(model)
+        rows = self.db.execute(
+            "SELECT id, alpha, klass, level, features, label, entry_id, feeds FROM audits WHERE "
+            "fingerprint=? AND calibration=? ORDER BY id", (fingerprint, calib))
+        out: dict[str, dict[str, GridCertifier]] = {}
+        for i, alpha, klass, level, feats, label, entry_id, feeds in rows:
+            cell = model.cell(json.loads(feats))  # its thresholds table
+            grid = ladder(model, cell, (extra or {}).get(cell, ()))
+            if not grid:
+                continue
+            cells = out.setdefault(f"{alpha:g}", {})
+            if cell not in cells:
+                offline = model.threshold_for(alpha, cell)
+                cells[cell] = GridCertifier(grid, _index(grid, offline and offline[1]), alpha, delta,
+                                            max_cluster=MAX_CLUSTER, horizon=CLUSTER_HORIZON)
+            if feeds is None:
+                ran = tightened(model, alpha, {klass: level})[0].threshold_for(alpha, cell)
+                thresholds = [ran[1]] if ran else []
+            else:
+                thresholds = json.loads(feeds)
+            points = [at for at in (_index(grid, lam) for lam in thresholds) if at >= 0]
+            if points:
+                cells[cell].observe(points, label, entry_id or f"audit-{i}")
         return out
 
     def audit_instances(self, fingerprint: str, tolerance,
@@ -221,5 +312,50 @@ class AuditLog:
         return out
 
 
-__all__ = ["AuditLog", "sampled", "calibration_id", "should_tighten", "interval", "tightened",
-           "EVIDENCE_CLASSES", "DB_NAME"]
+def _index(grid: list[float], lam: float | None) -> int:
+    return next((i for i, g in enumerate(grid) if lam is not None and abs(g - lam) <= 1e-9), -1)
+
+
+def ladder(model: RiskModel, cell: str, extra=()) -> list[float]:
+    """The thresholds the online certificate walks for a cell: every threshold its calibration
+    certified at any budget, and ``extra`` (e.g. deeper depth shares), strict → permissive.
+    Fixed before any audit, as fixed-sequence testing needs."""
+    return sorted({float(v) for v in model.thresholds.get(cell, {}).values()} | {float(v) for v in extra})
+
+
+def online_model(model: RiskModel, certificates: dict[str, dict[str, GridCertifier]]) -> RiskModel:
+    """A copy of the model whose thresholds follow the online certificates (``AuditLog.online``):
+
+    - where the stream certified a threshold looser than the calibration's at α, the gate at
+      α — and at every looser budget whose threshold is stricter — uses it: risk < α at that
+      threshold also answers any budget ≥ α;
+    - where an alarm stepped the gate back, α uses the point below it, or reuses nothing in
+      that cell at budgets ≤ α when there is none;
+    - a cell or budget with no rejection and no alarm keeps the calibration's thresholds.
+
+    Every finish of a cell (``cell`` and ``cell:guided``) whose table is the cell's own (a
+    joint calibration: one threshold per cell) follows it; a finish certified apart keeps
+    its own thresholds, as the audits do not record which finish ran. The levels of the
+    served-rate rule (``tightened``) apply on top, as to the calibration."""
+    out = copy.deepcopy(model)
+    for budget, cells in certificates.items():
+        for cell, cert in cells.items():
+            grid, op = cert.grid, cert.operating()
+            keys = [k for k, table in model.thresholds.items()
+                    if k.split(":")[0] == cell and table == model.thresholds.get(cell)]
+            for key in keys:
+                table = out.thresholds[key]
+                if op > cert.offline:      # extended: budget and every looser one
+                    for b in [b for b in table if float(b) >= float(budget)] + [budget]:
+                        table[b] = max(table.get(b, grid[op]), grid[op])
+                elif op < cert.offline:    # stepped back
+                    if op >= 0:
+                        table[budget] = grid[op]
+                    else:
+                        for b in [b for b in table if float(b) <= float(budget) + 1e-12]:
+                            del table[b]
+    return out
+
+
+__all__ = ["AuditLog", "sampled", "draw", "explore", "online_model", "ladder",
+           "calibration_id", "should_tighten", "interval", "tightened", "EVIDENCE_CLASSES", "DB_NAME"]
