@@ -25,7 +25,7 @@ from typing import Callable
 
 import torch
 
-from ..gate import RiskModel, evidence, evidence_class, finish_allows, reuse_region
+from ..gate import RiskModel, evidence, evidence_class, finish_allows, reuse_region, share_bin_text
 from ..pipeline import ReuseSettings, TrajectoryRecord, fill_region, guided_finish_for, region_share_for
 from ..reuse.region_compute import RegionFinish
 from ..signature import tiles_to_latent_mask
@@ -349,9 +349,12 @@ def report_text(report: dict) -> str:
     if report.get("region_fill_on_m"):
         lines.append(f"region M filled on its own tokens, widened by {report.get('region_margin', 0)} "
                      f"tile(s) for edits; {report.get('form')} risk form")
-    for klass, budgets in (report.get("thresholds") or {}).items():
+    thresholds = report.get("thresholds") or {}
+    bounds = sorted({int(k.split(":")[0].split("/")[1]) / 100 for k in thresholds if "/" in k})
+    for key, budgets in thresholds.items():
         certified = ", ".join(f"{float(a):.0%}" for a in sorted(budgets, key=float)) or "none"
-        lines.append(f"{klass.replace('_', '-')} evidence: budgets certified {certified}")
+        finish = ", guided finish" if key.endswith(":guided") else ""
+        lines.append(f"{share_bin_text(key.split(':')[0], bounds)}{finish}: budgets certified {certified}")
     for a, v in report["heldout"].items():
         lines.append(f"held-out check α={float(a):.0%}: {v['accepted']} of {v['instances']} accepted, "
                      f"false accepts {v['false_accept_rate']:.1%} (95% upper {v['false_accept_upper95']:.1%})")
