@@ -8,6 +8,7 @@ ComfyUI knowledge, so the node classes stay declarations and the method stays re
 """
 from __future__ import annotations
 
+import copy
 import logging
 import math
 import sqlite3
@@ -18,13 +19,13 @@ from typing import Any
 
 import torch
 
-from .calibration import audit
+from .calibration import audit, online
 from .cache.folder import CacheError, LookupResult, StoredEntry, TrajectoryCache
 from .cache.backend import open_cache as open_location
 from .cache.precision import from_entry, latent_keys, loaded_latent, stored_latent, to_entry
 from .cache.index import served_class
 from .gate import (DEFAULT_PROBE_FRACTION, SAME_SCENE_GAP, GateSettings, Plan, RiskModel, decide,
-                   evidence_class, fill_steps, gate_model_for, hit_saving, tile_share)
+                   evidence_class, fill_steps, gate_model_for, hit_saving, option_key, tile_share)
 from .keys import CompatibilityClass, shape_str
 from .reuse.sparse_reuse import CONNECTIVITY_KEYS, Connectivity, SparseSettings
 from .calibration.status import model_status, remember_model_names, status_line
@@ -62,6 +63,12 @@ class ReuseSettings:
     store: bool = True
     entry_dtype: str = "int8"       # how snapshots and the final latent are stored (entry_precision.py)
     audit_rate: float = 0.0         # share of hits also computed in full to check α (audit.py)
+    # Share of the candidates one point of the online certificate's ladder beyond the gate's
+    # threshold would accept that are explored: computed and served in full, and that deeper
+    # reuse run and labelled apart, so audits can certify it (calibration/online.py). Costs
+    # compute (a full run and the reuse), never quality. 0: the gate's thresholds are only
+    # confirmed or stepped back by audits, never extended past what it serves.
+    explore_rate: float = 0.0
     # Model calls of the guided finish a calibration also measures same-scene reuses with
     # (guided_finish.py: the steps between follow the candidate's stored x̂0); the gate
     # chooses it where it is certified and computes less. 0: calibrate every-step only.
@@ -189,6 +196,8 @@ class ProbeResult:
     prompt: str = ""
     decode: Any = None                # latent → frames in 0..1 (a VAE), for audits on frames
     gate_model: RiskModel | None = None  # the risk model the gate judged with (before audits)
+    gate_used: RiskModel | None = None   # ...after audits: online certificate, tightening
+    exploring: "Exploring | None" = None  # what the gate can explore one ladder point beyond
     model_names: list[str] = field(default_factory=list)  # the files the model was loaded from
 
     @property
@@ -367,6 +376,7 @@ def gate(pr: ProbeResult, found: LookupResult, risk_model: RiskModel,
     settings = settings or pr.settings.gate
     # the audit judges this budget; what the entry stores follows this model's calibration
     pr.gate_model, pr.settings.gate = risk_model, settings
+    pr.gate_used, pr.exploring = risk_model, None
     if pr.exact_latent is not None and not pr.serves_stored:
         return Plan(False, reason=(
             f"exact repeat of entry {pr.exact_entry.id[:8]}, which was served by reusing entry "
@@ -381,11 +391,14 @@ def gate(pr: ProbeResult, found: LookupResult, risk_model: RiskModel,
     comparable = comparable_candidates(pr, found)
     if not comparable:
         return Plan(False, reason="no candidate has evidence at this probe step"), []
-    model, budget, note = _audited(pr, risk_model, settings.risk_budget)
+    model, budget, note, beyond = _audited(pr, risk_model, settings.risk_budget)
     settings = replace(settings, risk_budget=budget)
+    pr.gate_used = model
     plan, verdicts = decide(pr.signature, comparable, pr.run.steps, pr.probe_steps, model,
                             settings, pr.settings.region_fill_calls, model.region_fill_on_m,
                             region_share_of(pr))
+    if beyond:
+        pr.exploring = Exploring(comparable, model, settings, beyond)
     if plan.accept and settings.recurring_sources:
         plan = recurring_scene(pr, plan, model, settings) or plan
     if note:
@@ -471,20 +484,100 @@ def recurring_scene(pr: ProbeResult, plan: Plan, model: RiskModel,
                     f"(k*={plan.reuse_step}) would save {now:.0%}"))
 
 
-def _audited(pr: ProbeResult, model: RiskModel, alpha: float) -> tuple[RiskModel, float, str]:
-    """The risk model and budget after live audits tightened this model's gate (if ever)."""
+def _audited(pr: ProbeResult, model: RiskModel, alpha: float) -> tuple[RiskModel, float, str, dict]:
+    """The risk model and budget after live audits: thresholds extended or stepped back by
+    the online certificate (calibration/online.py), then tightened by the served-rate rule;
+    what that changed, in words; and per cell the threshold one ladder point beyond where
+    the gate now runs (what exploring labels; {} for an uncalibrated model)."""
     if not (Path(pr.cache.folder) / audit.DB_NAME).exists():
-        return model, alpha, ""  # never audited: no file made for users who do not audit
+        return model, alpha, "", {}  # never audited: no file made for users who do not audit
+    fingerprint, calibration = pr.klass.model_fingerprint, audit.calibration_id(model)
 
-    def levels():
+    def read():
         with audit.AuditLog(pr.cache.folder) as log_:
-            return log_.levels(pr.klass.model_fingerprint, audit.calibration_id(model), alpha)
-    got = guarded(pr.cache, "reading the audit levels", levels, default={}) or {}
-    if not any(got.values()):
-        return model, alpha, ""
-    tight, budget = audit.tightened(model, alpha, got)
-    return tight, budget, "gate tightened by live audits (" + ", ".join(
-        f"{k.replace('_', '-')} level {v}" for k, v in sorted(got.items()) if v) + ")"
+            levels = log_.levels(fingerprint, calibration, alpha)
+            if not model.thresholds:  # the prior: no ladder to certify
+                return levels, model, "", {}
+            return (levels, *online.read(log_, fingerprint, model, alpha, lambda cells: (
+                *online.gate_model(model, alpha, cells), online.beyond(cells))))
+    levels, extended, said, beyond = guarded(pr.cache, "reading the audits", read, default=None) \
+        or ({}, model, "", {})
+    notes = [said] if said else []
+    tight, budget = audit.tightened(extended, alpha, levels)
+    if any(levels.values()):
+        notes.append("gate tightened by live audits (" + ", ".join(
+            f"{k.replace('_', '-')} level {v}" for k, v in sorted(levels.items()) if v) + ")")
+    return tight, budget, " · ".join(notes), beyond
+
+
+@dataclass
+class Exploring:
+    """What the gate saw, kept to find the reuse one ladder point beyond it (``_exploration``)."""
+    candidates: list
+    model: RiskModel            # the gate's model after audits
+    settings: GateSettings      # with the budget it judged at
+    beyond: dict[str, float]    # cell → the threshold one ladder point beyond its gate's
+
+
+def _beyond_plan(pr: ProbeResult, ex: Exploring) -> Plan | None:
+    """The reuse the gate would run with each cell one ladder point beyond (None: it would
+    run none there, or only in a cell with no point beyond)."""
+    alpha = ex.settings.risk_budget
+    deeper = copy.deepcopy(ex.model)
+    for cell, lam in ex.beyond.items():
+        own = ex.model.thresholds.get(cell)
+        for key, table in deeper.thresholds.items():
+            # a finish certified with its cell's own table follows it (audit.online_model)
+            if key.split(":")[0] == cell and ex.model.thresholds[key] == own:
+                table[f"{alpha:g}"] = lam
+    plan, _ = decide(pr.signature, ex.candidates, pr.run.steps, pr.probe_steps, deeper, ex.settings,
+                     pr.settings.region_fill_calls, deeper.region_fill_on_m, region_share_of(pr))
+    if not plan.accept or deeper.cell(plan.features) not in ex.beyond:
+        return None
+    return plan
+
+
+def _ran_at(model: RiskModel, plan: Plan, alpha: float) -> float | None:
+    """The threshold of the online ladder a plan's reuse was accepted at: its cell's at α
+    (None: its finish has a table of its own, which the ladder does not walk)."""
+    cell = model.cell(plan.features)
+    if model.thresholds.get(option_key(cell, plan.finish_calls)) != model.thresholds.get(cell):
+        return None
+    at = model.threshold_for(alpha, cell)
+    return at[1] if at else None
+
+
+def _reuse_of(plan: Plan | None) -> tuple | None:
+    return None if plan is None else (plan.entry_id, plan.reuse_step, plan.finish_calls)
+
+
+def _draw_key(pr: ProbeResult, plan: Plan) -> str:
+    """What the request's audit and exploration draw hashes (``audit.draw``)."""
+    return f"{pr.exact_key}:{plan.entry_id}" if plan.accept else f"{pr.exact_key}:explore"
+
+
+def _exploration(pr: ProbeResult, plan: Plan) -> dict | None:
+    """What this request explores (``audit.explore``), or None. A candidate the next ladder
+    point accepts is explored at ``explore_rate``: where that reuse is not the one the gate
+    serves, the request is computed and served in full and the reuse run and labelled apart."""
+    ex, rate = pr.exploring, pr.settings.explore_rate
+    if ex is None or rate <= 0 or pr.exact_latent is not None:
+        return None
+    key = _draw_key(pr, plan)
+    if audit.draw(key) >= rate:  # decided before the second gate decision is paid for
+        return None
+    tol = (pr.gate_model or RiskModel()).tolerance or {}
+    if tol.get("space") == "frames" and pr.decode is None:
+        return None  # no label could be read: explore nothing rather than compute for nothing
+    deeper = _beyond_plan(pr, ex)
+    if deeper is None:
+        return None
+    now = plan if plan.accept else None
+    alpha = pr.settings.gate.risk_budget
+    got = audit.explore(key, _reuse_of(now), _reuse_of(deeper), pr.settings.audit_rate, rate)
+    return {**got, "now": now, "beyond": deeper,
+            "feeds": {"now": _ran_at(ex.model, now, alpha) if now else None,
+                      "beyond": ex.beyond[ex.model.cell(deeper.features)]}}
 
 
 def lookup_and_gate(pr: ProbeResult) -> tuple[Plan, LookupResult]:
@@ -652,6 +745,13 @@ def reuse(pr: ProbeResult, plan: Plan) -> tuple[torch.Tensor, Summary]:
     notes, start, fill, calls = [], None, None, run.model_calls
     region_calls, token_share = 0, None
     expert_calls = _expert_calls(run)
+    ex = _exploration(pr, plan)
+    explored_in_full = ex is not None and ex["serve"] == "full"
+    if explored_in_full:  # the user gets the full result; the deeper reuse is measured after
+        plan = Plan(False, entry_id=plan.entry_id, features=plan.features, reason=(
+            f"explored one point beyond the gate's threshold (explore_rate): entry "
+            f"{ex['beyond'].entry_id[:8]} at k*={ex['beyond'].reuse_step} — computed and served in "
+            f"full, that reuse measured apart"))
     if plan.accept:
         try:
             fill = _start_from_candidate(pr, plan)
@@ -666,7 +766,9 @@ def reuse(pr: ProbeResult, plan: Plan) -> tuple[torch.Tensor, Summary]:
     record = pr.record.fork(snapshots=start is None)  # a reuse is kept for exact repeats only
     own_connectivity = run.attention.measured()
     resume_at = plan.reuse_step if start is not None else pr.probe_steps
-    _plan_attention(pr, plan if start is not None else None, own_connectivity, resume_at)
+    # an explored request is the reference its reuses are judged against: dense, as in full
+    _plan_attention(pr, plan if start is not None else None,
+                    None if explored_in_full else own_connectivity, resume_at)
     if start is not None:
         guide = _guided_finish(pr, plan, notes)
         tokens = run.recorder.region  # set by a finish that computes M's tokens alone
@@ -704,8 +806,9 @@ def reuse(pr: ProbeResult, plan: Plan) -> tuple[torch.Tensor, Summary]:
         s.region_fraction = plan.region_fraction
         s.saved_seconds = seconds / computed * (n - computed)
         guarded(pr.cache, "recording the hit", pr.cache.record_use, plan.entry_id, n - computed)
-        if audit.sampled(pr.settings.audit_rate, f"{pr.exact_key}:{plan.entry_id}"):
-            s.audit = _audit(pr, plan, final)
+        s.audit = _audit_served(pr, plan, final, ex)
+    elif explored_in_full:
+        s.audit = _explored(pr, ex, final)
     s.stored_id = _store(pr, record, final, plan if outcome == "hit" else None, own_connectivity)
     s.model, s.model_fingerprint = " + ".join(pr.model_names), pr.klass.model_fingerprint
     if pr.cache is not None and pr.model_names:  # the cache tab names models as people loaded them
@@ -721,19 +824,86 @@ def reuse(pr: ProbeResult, plan: Plan) -> tuple[torch.Tensor, Summary]:
     return final, s
 
 
-def _audit(pr: ProbeResult, plan: Plan, final: torch.Tensor) -> dict:
-    """Compute the request in full (dense, from its own noise) and judge the hit with the
-    calibration's tolerance; record it, and say if the gate tightened."""
+def _audit_served(pr: ProbeResult, plan: Plan, final: torch.Tensor, ex: dict | None) -> dict | None:
+    """Audit a served hit when its draw says so: at ``audit_rate`` for the gate's threshold,
+    and where exploring found this same reuse one ladder point beyond, for that point too."""
+    alpha = pr.settings.gate.risk_budget
+    if ex is not None:
+        names = ex["label"].get(_reuse_of(plan), [])
+    else:
+        names = ["now"] if audit.sampled(pr.settings.audit_rate, _draw_key(pr, plan)) else []
+    if not names:
+        return None
+    model = pr.gate_used or pr.gate_model or RiskModel()
+    if not model.thresholds:
+        feeds = None  # the prior: no ladder (audit.online skips it)
+    else:
+        ran = {"now": _ran_at(model, plan, alpha), "beyond": ex["feeds"]["beyond"] if ex else None}
+        feeds = [ran[name] for name in names if ran[name] is not None]
+    # labelled for the point beyond only: not drawn at audit_rate, so not in the served rate
+    return _audit(pr, plan, final, feeds, explored="now" not in names)
+
+
+def _explored(pr: ProbeResult, ex: dict, final: torch.Tensor) -> dict:
+    """Run and label the reuses an explored request was not served (``final``, its full
+    result, is their reference): the one beyond, and the gate's own where its audit was drawn
+    (``audit_rate``)."""
+    run, labels, texts, calls = pr.run, [], [], 0
+    for reuse_key, names in ex["label"].items():
+        plan = ex["beyond"] if reuse_key == _reuse_of(ex["beyond"]) else ex["now"]
+        feeds = [ex["feeds"][name] for name in names if ex["feeds"][name] is not None]
+        before = run.model_calls
+        reused = _reuse_apart(pr, plan)
+        if reused is None:
+            texts.append(f"explored reuse of entry {plan.entry_id[:8]} could not be read: not measured")
+            continue
+        # the gate's own reuse, drawn at audit_rate, counts in its served rate as if served:
+        # that rate's audits stay a uniform share of the reuses the gate accepts
+        got = _audit(pr, plan, reused, feeds, explored="now" not in names, reference=final,
+                     what=f"explored k*={plan.reuse_step}" if "beyond" in names else f"audited k*={plan.reuse_step}")
+        calls += run.model_calls - before
+        labels.append(got)
+        texts.append(got["text"])
+    return {"audited": bool(labels), "explored": True, "calls": calls, "labels": labels,
+            "text": " · ".join(texts)}
+
+
+def _reuse_apart(pr: ProbeResult, plan: Plan) -> torch.Tensor | None:
+    """The result this reuse would have served, computed as a hit computes it (its fill of
+    M, finish and attention), recording nothing. None: the entry's snapshot is gone."""
+    try:
+        fill = _start_from_candidate(pr, plan)
+    except CacheError:
+        return None
+    if fill is None:
+        return None
+    _plan_attention(pr, plan, None, plan.reuse_step)
+    guide = _guided_finish(pr, plan, [])
+    tokens = pr.run.recorder.region
+    try:
+        return pr.run.sample(plan.reuse_step, pr.run.steps, fill.latent, guide=guide)
+    finally:
+        if tokens is not None:
+            pr.run.compute_region(None)
+
+
+def _audit(pr: ProbeResult, plan: Plan, final: torch.Tensor, feeds: list[float] | None = None,
+           explored: bool = False, reference: torch.Tensor | None = None,
+           what: str = "audited") -> dict:
+    """Judge a reuse's result against the request computed in full (``reference``, else
+    computed now: dense, from its own noise) with the calibration's tolerance; record it with
+    the online ladder's thresholds it feeds (``feeds``), and say if the gate tightened."""
     run, n = pr.run, pr.run.steps
     model = pr.gate_model or RiskModel()
     tol = model.tolerance or {"psnr_bound": 30.0, "space": "latent"}
     if tol.get("space") == "frames" and pr.decode is None:
         return {"audited": False, "text": "audit skipped: this model was calibrated on decoded "
                 "frames; connect its VAE to the sampler's vae input to audit"}
-    att = run.attention
-    att.capture_steps, att.sparse_steps, att.connectivity = set(), set(), None
     calls = run.model_calls
-    reference = run.sample(0, n, None)
+    if reference is None:
+        att = run.attention
+        att.capture_steps, att.sparse_steps, att.connectivity = set(), set(), None
+        reference = run.sample(0, n, None)
     if tol.get("space") == "frames":
         q = psnr(pr.decode(final), pr.decode(reference), peak=1.0)
     else:
@@ -746,17 +916,17 @@ def _audit(pr: ProbeResult, plan: Plan, final: torch.Tensor) -> dict:
             return log_.record(fp, audit.calibration_id(model), alpha, plan.features,
                                model.score(plan.features) if model.thresholds else plan.risk,
                                plan.reuse_step, n, q, label, tol["space"], plan.entry_id, pr.exact_key,
-                               probe_fraction=model.probe_fraction)
+                               probe_fraction=model.probe_fraction, feeds=feeds, explored=explored)
     state = guarded(pr.cache, "recording the audit", record) or {}
-    text = (f"audited: PSNR {q:.1f} dB vs its full computation ({tol['space']}, bound "
+    text = (f"{what}: PSNR {q:.1f} dB vs its full computation ({tol['space']}, bound "
             f"{tol['psnr_bound']:g} dB): {'BEYOND' if label else 'within'} tolerance")
-    if state.get("audits"):
+    if state.get("audits") and not explored:
         text += (f" · {state['failures']}/{state['audits']} audits beyond "
                  f"({state['lower']:.0%}–{state['upper']:.0%}) at α {alpha:.0%}")
     if state.get("tightened"):
         text += f" · {state['reason']}"
-    return {"audited": True, "psnr": q, "label": label, "space": tol["space"],
-            "calls": run.model_calls - calls, "text": text,
+    return {"audited": True, "psnr": q, "label": label, "space": tol["space"], "explored": explored,
+            "feeds": feeds, "calls": run.model_calls - calls, "text": text,
             **{k: state[k] for k in ("klass", "level", "audits", "failures", "rate", "lower",
                                      "upper", "tightened") if k in state}}
 

@@ -75,6 +75,14 @@ def audit_inputs() -> list:
     ]
 
 
+def explore_inputs() -> list:
+    """Last on its nodes, so workflows saved before it keep their widget positions."""
+    return [
+        io.Float.Input("explore_rate", default=0.0, min=0.0, max=1.0, step=0.01, optional=True,
+                       tooltip="Share of requests that the next certified threshold would reuse deeper (or would reuse where the gate does not) that are explored: computed and served in full, and that deeper reuse also run and measured, so audits can certify it and the gate can then go deeper on your traffic. Costs compute (about one full generation per explored request), never quality: you always get the full result. Needs a calibrated model; 0: off."),
+    ]
+
+
 def sparse_inputs() -> list:
     return [
         io.Boolean.Input("sparse_attention", default=True, optional=True,

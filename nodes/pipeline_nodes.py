@@ -14,8 +14,8 @@ from ..carnator_core.cache.folder import LookupResult
 from ..carnator_core.comfy_adapter import frames_decoder, model_file_names, notify, prompt_text_of, start_request
 from ..carnator_core.reuse.experts import WAN22_SWITCH_SIGMA
 from ..carnator_core.gate import Plan as GatePlan
-from .inputs import (audit_inputs, expert_inputs, finish_inputs, gate_inputs, probe_inputs,
-                     sampling_inputs, sparse_inputs)
+from .inputs import (audit_inputs, expert_inputs, explore_inputs, finish_inputs, gate_inputs,
+                     probe_inputs, sampling_inputs, sparse_inputs)
 from .settings import audit_rate_or_default, gate_settings, reuse_settings, sparse_settings
 from .types import CacheConfig, Candidates, Plan, Probe, node_id_of
 
@@ -121,7 +121,8 @@ class CarnatorReuseSampler(io.ComfyNode):
         return io.Schema(
             node_id="CarnatorReuseSampler", display_name="Carnator Reuse Sampler", category="Carnator",
             description="Finishes the request: resumes from the stored latent on a hit, continues the probe on a miss, and stores the new trajectory.",
-            inputs=[Plan.Input("plan", tooltip="From Carnator Compatibility Gate.")] + sparse_inputs() + audit_inputs(),
+            inputs=([Plan.Input("plan", tooltip="From Carnator Compatibility Gate.")] + sparse_inputs()
+                    + audit_inputs() + explore_inputs()),
             outputs=[io.Latent.Output("LATENT", tooltip="The denoised video latent."),
                      io.String.Output("summary", tooltip="Hit or miss, k*, steps computed of N, risk, matched entry.")],
             hidden=[io.Hidden.unique_id],
@@ -129,9 +130,10 @@ class CarnatorReuseSampler(io.ComfyNode):
         )
 
     @classmethod
-    def execute(cls, plan, audit_rate=None, vae=None, **sparse) -> io.NodeOutput:
+    def execute(cls, plan, audit_rate=None, vae=None, explore_rate=None, **sparse) -> io.NodeOutput:
         plan.probe.settings.sparse = sparse_settings(**sparse)
         plan.probe.settings.audit_rate = audit_rate_or_default(audit_rate)
+        plan.probe.settings.explore_rate = explore_rate or 0.0
         plan.probe.decode = frames_decoder(vae)
         return finish(plan.probe, plan.plan, node_id_of(cls))
 

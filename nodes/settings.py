@@ -16,9 +16,11 @@ def sparse_settings(sparse_attention=None, keep_mass=None, min_density=None, ref
 
 
 def reuse_settings(probe_fraction: float, snapshot_count: int | None = None,
-                   audit_rate: float | None = None, **gate) -> ReuseSettings:
+                   audit_rate: float | None = None, explore_rate: float | None = None,
+                   **gate) -> ReuseSettings:
     return ReuseSettings(probe_fraction=probe_fraction, snapshot_count=snapshot_count or ReuseSettings.snapshot_count,
-                         gate=gate_settings(**gate), audit_rate=audit_rate_or_default(audit_rate))
+                         gate=gate_settings(**gate), audit_rate=audit_rate_or_default(audit_rate),
+                         explore_rate=explore_rate or 0.0)
 
 
 def audit_rate_or_default(rate: float | None) -> float:

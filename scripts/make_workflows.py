@@ -66,6 +66,7 @@ GATE_OPTIONAL = ["min_depth", "max_depth", "max_region"]
 FINISH_OPTIONAL = ["guided_finish", "min_saving", "recurring_sources"]  # last on its nodes: older saved workflows keep their layout
 SPARSE_OPTIONAL = ["sparse_attention", "keep_mass", "min_density", "refresh_every", "sparse_on_miss"]
 AUDIT_OPTIONAL = ["audit_rate"]
+EXPLORE_OPTIONAL = ["explore_rate"]  # last on its nodes: older saved workflows keep their layout
 EXPERT_OPTIONAL = ["switch_step", "switch_sigma"]
 CALIBRATE_WIDGETS = ["prompts", "pairs", "first_seed", "steps", "cfg", "sampler_name", "scheduler",
                      "psnr_bound", "include_audits"]
@@ -79,10 +80,10 @@ WIDGETS = {
     "CarnatorEarlyProbe": SAMPLING_WIDGETS + PROBE_WIDGETS + PROBE_OPTIONAL + EXPERT_OPTIONAL,
     "CarnatorCacheLookup": ["top_k"],
     "CarnatorCompatibilityGate": GATE_WIDGETS + GATE_OPTIONAL + FINISH_OPTIONAL,
-    "CarnatorReuseSampler": SPARSE_OPTIONAL + AUDIT_OPTIONAL,
+    "CarnatorReuseSampler": SPARSE_OPTIONAL + AUDIT_OPTIONAL + EXPLORE_OPTIONAL,
     "CarnatorSampler": (SAMPLING_WIDGETS + PROBE_WIDGETS + GATE_WIDGETS + PROBE_OPTIONAL
                         + GATE_OPTIONAL + SPARSE_OPTIONAL + AUDIT_OPTIONAL + EXPERT_OPTIONAL
-                        + FINISH_OPTIONAL),
+                        + FINISH_OPTIONAL + EXPLORE_OPTIONAL),
     "CarnatorCalibrate": CALIBRATE_WIDGETS + EXPERT_OPTIONAL + ["probe_fraction", "fill_region_on_its_tokens",
                                                                  "region_margin", "budget_generations"],
     "SaveLatent": ["filename_prefix"],
@@ -117,7 +118,7 @@ def graph(backbone: str, single_node: bool) -> dict[str, dict]:
             "max_depth": 0.8, "max_region": 0.5, "guided_finish": True, "min_saving": 0.0,
             "recurring_sources": True}
     sparse = {"sparse_attention": True, "keep_mass": 0.9, "min_density": 0.1, "refresh_every": 0,
-              "sparse_on_miss": False, "audit_rate": 0.0}
+              "sparse_on_miss": False, "audit_rate": 0.0, "explore_rate": 0.0}
     if single_node:
         g["5"] = ("CarnatorSampler", {**sampling, **gate, **sparse})
         final = "5"

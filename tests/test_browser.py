@@ -56,7 +56,7 @@ ADDED = "a red circle in the top left moves right and a blue square in the botto
 SAMPLER_NODE, SAMPLER_PROMPT_NODE = 5, 2
 PROMPT_NODE, PROBE_NODE, REUSE_NODE = 2, 5, 8
 SPARSE_WIDGETS = ["sparse_attention", "keep_mass", "min_density", "refresh_every", "sparse_on_miss"]
-AUDIT_WIDGETS = ["audit_rate"]
+AUDIT_WIDGETS = ["audit_rate", "explore_rate"]
 BADGE_COLOUR = {"miss": (0xb7, 0x79, 0x1f), "hit": (0x2e, 0x9e, 0x5b), "exact": (0x3a, 0x7b, 0xd5)}
 RUN_TIMEOUT_MS = 240_000
 

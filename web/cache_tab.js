@@ -190,16 +190,20 @@ class CachePanel {
           (tol ? `, PSNR on ${tol.space} ≥ ${tol.psnr_bound} dB` : "") + others
           : others ? `uncalibrated at probe_fraction ${m.probe_fraction}; calibrated for probe_fraction ${m.other_probes.join(", ")}`
           : "uncalibrated prior: α is a relative knob (run Carnator Calibrate)";
-      const audits = Object.values(m.audits ?? {}).map((a) => {
+      const audits = Object.entries(m.audits ?? {}).map(([key, a]) => {
         const all = a.all;
+        // what the online certificate changed at this α (extended, or stepped back on an alarm)
+        const online = m.online?.[key]?.text;
         const levels = Object.entries(a.classes).filter(([, c]) => c.level > 0)
           .map(([k, c]) => `${k.replace("_", "-")} tightened ×${c.level}`);
         const pct = (x) => `${(100 * x).toFixed(1)}%`;
         return el("div", { class: "carnator-audit" + (all.rate > a.alpha ? " carnator-audit-over" : "") },
           `α ${pct(a.alpha)}: ${all.failures} of ${all.audits} audits beyond tolerance` +
           (all.audits ? ` (${pct(all.rate)}, 90% interval ${pct(all.lower)}–${pct(all.upper)})` : "") +
-          (levels.length ? ` · ${levels.join(", ")}` : ""));
-      });
+          (levels.length ? ` · ${levels.join(", ")}` : "") + (online ? ` · ${online}` : ""));
+      }).concat(Object.entries(m.online ?? {})  // an α audited by exploring only
+        .filter(([key, o]) => o.text && !(key in (m.audits ?? {})))
+        .map(([, o]) => el("div", { class: "carnator-audit" }, `α ${(100 * o.alpha).toFixed(1)}%: ${o.text}`)));
       return el("div", { class: "carnator-gate", dataset: { fingerprint: m.fingerprint } },
         // named as people loaded it (a Wan 2.2 pair: both files); the fingerprint on hover
         el("div", { class: "carnator-gate-model",

@@ -23,9 +23,9 @@ audit feeds the threshold it was sampled for (``feeds``; an ordinary audit: the 
 its gate ran at), clustered by the stored entry it reused. What the stream certifies may
 *extend* the calibration's threshold at α — deeper depths, the thresholds of looser budgets
 — and an alarm (risk > α shown) steps it back. Extending needs audits of reuses the gate
-does not make yet: ``explore`` picks them (sequential.audit_plan). The pipeline does not call
-it yet: today every audit is an ordinary one and the online certificate can only confirm
-the calibration's threshold or step it back.
+does not make yet: ``explore`` picks them (sequential.audit_plan). The gate reads the
+certificate through ``online.read``, which keeps it between requests and feeds it only the
+audits it has not seen.
 """
 from __future__ import annotations
 
@@ -268,31 +268,26 @@ class AuditLog:
         budget, plus ``extra[cell]``; it starts at the threshold certified at α. Each audit
         feeds the ladder points it was sampled for (``feeds``; an ordinary audit: the threshold
         its gate ran at, after the tightening of its level), clustered by the stored entry it
-        reused. Audits made at another α are another gate's traffic and do not count."""
-        calib = calibration_id(model)
-        rows = self.db.execute(
-            "SELECT id, alpha, klass, level, features, label, entry_id, feeds FROM audits WHERE "
-            "fingerprint=? AND calibration=? ORDER BY id", (fingerprint, calib))
+        reused. Audits made at another α are another gate's traffic and do not count.
+        (A request reads it through ``online.read``, which keeps it and feeds only new rows.)"""
+        by_alpha: dict[str, list[tuple]] = {}
+        for row in self.online_rows(fingerprint, calibration_id(model)):
+            by_alpha.setdefault(f"{row[1]:g}", []).append(row)
         out: dict[str, dict[str, GridCertifier]] = {}
-        for i, alpha, klass, level, feats, label, entry_id, feeds in rows:
-            cell = model.cell(json.loads(feats))  # its thresholds table
-            grid = ladder(model, cell, (extra or {}).get(cell, ()))
-            if not grid:
-                continue
-            cells = out.setdefault(f"{alpha:g}", {})
-            if cell not in cells:
-                offline = model.threshold_for(alpha, cell)
-                cells[cell] = GridCertifier(grid, _index(grid, offline and offline[1]), alpha, delta,
-                                            max_cluster=MAX_CLUSTER, horizon=CLUSTER_HORIZON)
-            if feeds is None:
-                ran = tightened(model, alpha, {klass: level})[0].threshold_for(alpha, cell)
-                thresholds = [ran[1]] if ran else []
-            else:
-                thresholds = json.loads(feeds)
-            points = [at for at in (_index(grid, lam) for lam in thresholds) if at >= 0]
-            if points:
-                cells[cell].observe(points, label, entry_id or f"audit-{i}")
-        return out
+        for key, rows in by_alpha.items():
+            feed(out.setdefault(key, {}), rows, model, rows[0][1], delta, extra)
+        return {key: cells for key, cells in out.items() if cells}
+
+    def online_rows(self, fingerprint: str, calibration: str, alpha: float | None = None,
+                    after: int = 0) -> list[tuple]:
+        """The audit rows the online certificate reads, in the order they were made (by id:
+        writes are serialized, so ids grow in commit order), those with id > ``after``."""
+        where, args = "fingerprint=? AND calibration=? AND id>?", [fingerprint, calibration, after]
+        if alpha is not None:
+            where, args = where + " AND alpha=?", args + [alpha]
+        return self.db.execute(
+            "SELECT id, alpha, klass, level, features, label, entry_id, feeds FROM audits WHERE "
+            f"{where} ORDER BY id", args).fetchall()
 
     def audit_instances(self, fingerprint: str, tolerance,
                         probe_fraction: float = DEFAULT_PROBE_FRACTION) -> list[dict]:
@@ -310,6 +305,40 @@ class AuditLog:
             out.append({"group": f"audit-{i}", "kind": "audit", "features": {**f, "depth_fraction": 0.0},
                         "depths": [{"k": k, "depth_fraction": depth, "psnr": psnr, "label": int(label)}]})
         return out
+
+
+def certifier(model: RiskModel, cell: str, alpha: float, delta: float = DELTA,
+              extra=()) -> GridCertifier | None:
+    """A fresh online certificate for one cell at budget α (None: the cell has no ladder)."""
+    grid = ladder(model, cell, extra)
+    if not grid:
+        return None
+    offline = model.threshold_for(alpha, cell)
+    return GridCertifier(grid, _index(grid, offline and offline[1]), alpha, delta,
+                         max_cluster=MAX_CLUSTER, horizon=CLUSTER_HORIZON)
+
+
+def feed(cells: dict[str, GridCertifier], rows: list[tuple], model: RiskModel, alpha: float,
+         delta: float = DELTA, extra: dict[str, list[float]] | None = None) -> None:
+    """Feed audit rows (``AuditLog.online_rows``, all of one α, in id order) to the cells'
+    certificates, making a cell's on its first audit. Feeding the rows in parts gives the
+    certificate that feeding them at once gives."""
+    for i, _, klass, level, feats, label, entry_id, feeds in rows:
+        cell = model.cell(json.loads(feats))  # its thresholds table
+        if cell not in cells:
+            made = certifier(model, cell, alpha, delta, (extra or {}).get(cell, ()))
+            if made is None:
+                continue
+            cells[cell] = made
+        grid = cells[cell].grid
+        if feeds is None:
+            ran = tightened(model, alpha, {klass: level})[0].threshold_for(alpha, cell)
+            thresholds = [ran[1]] if ran else []
+        else:
+            thresholds = json.loads(feeds)
+        points = [at for at in (_index(grid, lam) for lam in thresholds) if at >= 0]
+        if points:
+            cells[cell].observe(points, label, entry_id or f"audit-{i}")
 
 
 def _index(grid: list[float], lam: float | None) -> int:
@@ -357,5 +386,5 @@ def online_model(model: RiskModel, certificates: dict[str, dict[str, GridCertifi
     return out
 
 
-__all__ = ["AuditLog", "sampled", "draw", "explore", "online_model", "ladder",
+__all__ = ["AuditLog", "sampled", "draw", "explore", "online_model", "ladder", "certifier", "feed",
            "calibration_id", "should_tighten", "interval", "tightened", "EVIDENCE_CLASSES", "DB_NAME"]

@@ -1,5 +1,6 @@
-"""What a person needs to know about a model's gate: calibrated or not, from what, and what
-live audits measured against α. Read by the node summary and the cache tab."""
+"""What a person needs to know about a model's gate: calibrated or not, from what, what
+live audits measured against α, and what the online certificate changed. Read by the node
+summary and the cache tab."""
 from __future__ import annotations
 
 import json
@@ -7,7 +8,7 @@ import os
 import re
 from pathlib import Path
 
-from . import audit
+from . import audit, online
 from ..gate import (CALIBRATION_NAME, DEFAULT_PROBE_FRACTION, RiskModel, calibrated_probes,
                    calibrated_steps, calibration_in_use, gate_model_for, same_probe)
 
@@ -30,7 +31,7 @@ def model_status(cache_folder: str | Path, fingerprint: str, model: RiskModel | 
            "tolerance": model.tolerance, "confidence": model.confidence,
            "certified_budgets": sorted({float(a) for t in model.thresholds.values() for a in t}),
            "measured_steps": model.measured_steps,
-           "problem": problem, "audits": {}, "probe_fraction": float(probe_fraction),
+           "problem": problem, "audits": {}, "online": {}, "probe_fraction": float(probe_fraction),
            "other_probes": other_probes(folder, fingerprint, probe_fraction),
            # calibrations measured at one N, each used instead of the general one at its N
            "calibrated_steps": calibrated_steps(folder, fingerprint),
@@ -38,6 +39,9 @@ def model_status(cache_folder: str | Path, fingerprint: str, model: RiskModel | 
     if (folder / audit.DB_NAME).exists():
         with audit.AuditLog(folder) as log:
             out["audits"] = log.status(fingerprint, audit.calibration_id(model))
+            # per α: each cell's online certificate and the clause saying what it changed
+            # (kept in memory and fed only new audits: online.read)
+            out["online"] = online.status(log, fingerprint, model)
     return out
 
 
@@ -130,4 +134,7 @@ def status_line(status: dict, alpha: float | None = None, steps: int | None = No
         tight = {k: c["level"] for k, c in a["classes"].items() if c["level"]}
         if tight:
             line += " · tightened: " + ", ".join(f"{k.replace('_', '-')} level {v}" for k, v in tight.items())
+    said = (status.get("online") or {}).get(f"{alpha:g}", {}).get("text") if alpha is not None else ""
+    if said:
+        line += f" · {said}"
     return line
