@@ -6,8 +6,9 @@ One generation-equivalent is one full generation at the calibration's size and s
 (``carnator_core/calibration/meter.py``). Per pair: its two full runs (request and candidate)
 plus, for every measured reuse, the steps after its depth it computed, its fill of region M and
 its calls on M's tokens at their share (``meter.pair_cost``, the rule the calibrations' own
-meter falls back to). Rows are keyed by model + procedure + workload + alpha + steps: rows of
-other procedures already in the file are kept, rows of these keys replaced.
+meter falls back to). Rows are keyed by model + procedure + workload + alpha + steps + budget
+(bench/cheap_calibration.py adds the cheap calibration's, one per budget): rows of other
+procedures already in the file are kept, rows of these keys replaced.
 """
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ from carnator_core.calibration.meter import pair_cost  # noqa: E402
 
 RESULTS = os.path.join(REPO, "bench", "results")
 OUT = os.path.join(RESULTS, "calibration_cost.json")
-KEY = ("model", "procedure", "workload", "alpha", "steps")
+KEY = ("model", "procedure", "workload", "alpha", "steps", "budget_generations")
 
 
 def _pairs_of_progress(paths: list[str]) -> list[list[dict]]:
@@ -110,10 +111,13 @@ def merge(rows: list[dict], path: str = OUT) -> dict:
 
 def main() -> dict:
     data = merge(baseline_rows())
-    print(f"{'model':14s} {'procedure':13s} {'N':>3s} {'pairs':>6s} {'reuses':>7s} {'cost (gen-eq)':>14s} {'per pair':>9s}")
+    print(f"{'model':14s} {'procedure':13s} {'workload':20s} {'α':>5s} {'N':>3s} {'pairs':>6s} {'reuses':>7s} "
+          f"{'cost (gen-eq)':>14s} {'per pair':>9s}")
     for r in data["rows"]:
-        print(f"{str(r['model'])[:12]:14s} {r['procedure']:13s} {r['steps']:3d} {r['pairs']:6d} "
-              f"{r['measured_reuses']:7d} {r['cost_generations']:14,.1f} {r.get('generations_per_pair', 0):9.2f}")
+        alpha = "" if r.get("alpha") is None else f"{r['alpha']:g}"
+        print(f"{str(r['model'])[:12]:14s} {r['procedure']:13s} {str(r['workload'])[:20]:20s} {alpha:>5s} "
+              f"{r['steps']:3d} {r['pairs']:6d} {r['measured_reuses']:7d} {r['cost_generations']:14,.1f} "
+              f"{r.get('generations_per_pair') or 0:9.2f}")
     print(f"wrote {os.path.relpath(OUT, REPO)}")
     return data
 

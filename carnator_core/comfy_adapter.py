@@ -1133,13 +1133,19 @@ def calibrate_model(model, clip, latent: dict, pairs: list[dict], steps: int, cf
                     sampler_name: str, scheduler: str, tolerance, cache_folder: str,
                     settings, vae=None, seed: int = 0, include_audits: bool = True,
                     node_id: str | None = None, budget_generations: float = 0.0, log=None,
-                    **pair):
+                    procedure: str = "generic", transferred=None, **pair):
     """Run the generic calibration (``self_calibration``) on a ComfyUI model with ComfyUI's
     progress bar; resumable. Returns (RiskModel, report dict). ``pair``: low_noise_model,
     switch_step, switch_sigma — a Wan 2.2 A14B pair is calibrated as the one model it is.
     The model's work is metered at its last block (``attach_meter``); ``budget_generations``
-    (0: none) stops measuring new pairs once that many generation-equivalents are spent."""
+    (0: none) stops measuring new pairs once that many generation-equivalents are spent.
+    ``procedure`` "cheap": ``calibration.cheap`` — the ranking of ``transferred`` (a calibrated
+    RiskModel), only its thresholds certified on this model."""
     from .calibration.generic import calibrate
+    if procedure not in ("generic", "cheap"):
+        raise ValueError(f"unknown calibration procedure {procedure!r} (generic or cheap)")
+    if procedure == "cheap" and transferred is None:
+        raise ValueError("the cheap calibration needs a calibrated model to transfer its ranking from")
     from .calibration.meter import ComputeMeter
     negative = encode_text(clip, "", model)
     conds: dict[str, Any] = {}
@@ -1160,6 +1166,11 @@ def calibrate_model(model, clip, latent: dict, pairs: list[dict], steps: int, cf
     meter = ComputeMeter()
     detach = attach_meter([model] + [m for m in [pair.get("low_noise_model")] if m is not None], meter)
     try:
+        if procedure == "cheap":
+            from .calibration import cheap
+            return cheap.calibrate(make_run, pairs, settings, tolerance, cache_folder, fingerprint, steps,
+                                   transferred, seed=seed, decode=frames_decoder(vae), meter=meter,
+                                   budget_generations=budget_generations, log=log, on_pair=on_pair)
         return calibrate(make_run, pairs, settings, tolerance, cache_folder, fingerprint, steps,
                          seed=seed, decode=frames_decoder(vae), include_audits=include_audits,
                          on_pair=on_pair, meter=meter, budget_generations=budget_generations, log=log)

@@ -19,6 +19,13 @@ The model's work is counted in generation-equivalents (1 = one full generation a
 with the total. ``--budget-generations B`` stops starting new pairs once B is spent (the pair
 in progress is finished) and fits what was measured; run it again with a larger B and it
 continues, counting what was already spent (kept in the progress file).
+
+``--procedure cheap --budget-generations B`` runs the cheap calibration instead
+(carnator_core/calibration/cheap.py): the risk ranking of a calibrated model (``--transfer``,
+default the bundled tiny world's) is kept, only its thresholds are certified on this model,
+labelling only the reuses the gate would run; it measures with the recipe that ranking was
+learned with (probe, fill of M, finishes). On the tiny world ~100 generation-equivalents certify
+same-scene reuse at α = 20%, ~200 at 10%, ~400 at 5%; edits need far more (docs/calibration.md).
 """
 from __future__ import annotations
 
@@ -39,6 +46,9 @@ DEMO = {"wan21": "16x3x16x16", "hunyuan_video": "16x3x16x16", "ltxv": "128x3x8x8
 # two-expert demo models: (high-noise file stem, low-noise file stem), switched half way
 DEMO_EXPERTS = {"wan22_a14b": ("wan22_a14b_high", "wan22_a14b_low")}
 DEMO_STEPS, DEMO_CFG = 12, 4.0
+# The ranking the cheap procedure transfers by default: the bundled tiny world's calibration with
+# the deeper recipe (probe 0.05, M filled on its tokens and widened by a tile, region finish).
+TRANSFER = ROOT / "models" / "calibration" / "0706ef2962b7d36f497afe0f24c29ec0.probe0.05.json"
 # Pairs per model: enough that the "other" evidence class certifies α = 20% (18 accepted
 # held-out reuses). HunyuanVideo's random weights put more pairs beyond the region limit.
 DEMO_PAIRS = {"wan21": 30, "hunyuan_video": 60, "ltxv": 30, "wan22_5b": 30,
@@ -49,9 +59,10 @@ def calibrate_one(model_path: str, latent: str, steps: int, cfg: float, pairs: i
                   prompts: str, cache: str, clip=None, vae=None, psnr_bound: float = 30.0,
                   sampler: str = "euler", scheduler: str = "simple", seed: int = 0,
                   low_noise_model: str | None = None, switch_step: int = 0,
-                  switch_sigma: float = 0.875, probe_fraction: float = 0.1,
+                  switch_sigma: float = 0.875, probe_fraction: float | None = 0.1,
                   fill_on_m: bool = False, region_margin: int = 0,
-                  budget_generations: float = 0.0) -> dict:
+                  budget_generations: float = 0.0, procedure: str = "generic",
+                  transfer: str | None = None) -> dict:
     import comfy.sd
     import torch
     from carnator_core.calibration import pairs as prompt_pairs
@@ -65,21 +76,41 @@ def calibrate_one(model_path: str, latent: str, steps: int, cfg: float, pairs: i
         pair = dict(low_noise_model=comfy.sd.load_diffusion_model(low_noise_model),
                     switch_step=switch_step, switch_sigma=switch_sigma)
     shape = (1,) + tuple(int(x) for x in latent.lower().split("x"))
-    chosen = prompt_pairs.pairs_from_text(prompts, pairs, seed=seed)
+    transferred, text = None, report_text
+    if procedure == "cheap":
+        from carnator_core.calibration import cheap
+        from carnator_core.gate import RiskModel
+        transferred = RiskModel.load(transfer or TRANSFER)
+        settings = cheap_settings(transferred, probe_fraction)
+        chosen = cheap.pool_from_text(prompts, pairs or cheap.pairs_for_budget(budget_generations or 120), seed=seed)
+        text = cheap.report_text
+    else:
+        settings = ReuseSettings(probe_fraction=probe_fraction or 0.1, region_fill_on_m=fill_on_m,
+                                 region_margin=region_margin if fill_on_m else 0)
+        chosen = prompt_pairs.pairs_from_text(prompts, pairs or 60, seed=seed)
     t0 = time.time()
-
-    def progress():
-        print(f"  {model_path}: calibrating {len(chosen)} pairs …", flush=True)
-    progress()
+    print(f"  {model_path}: calibrating ({procedure}) {len(chosen)} pairs …", flush=True)
     _, report = calibrate_model(model, clip, {"samples": torch.zeros(shape)}, chosen, steps, cfg,
                                 sampler, scheduler, Tolerance(psnr_bound, "frames" if vae else "latent"),
-                                cache, ReuseSettings(probe_fraction=probe_fraction, region_fill_on_m=fill_on_m,
-                                                     region_margin=region_margin if fill_on_m else 0),
-                                vae=vae, seed=seed, budget_generations=budget_generations,
-                                **pair)
-    print(report_text(report))
+                                cache, settings, vae=vae, seed=seed, budget_generations=budget_generations,
+                                procedure=procedure, transferred=transferred, **pair)
+    print(text(report))
     print(f"  {time.time() - t0:.0f} s, {report.get('cost_generations', 0):.1f} generation-equivalents")
     return report
+
+
+def cheap_settings(transferred, probe_fraction: float | None):
+    """The recipe the transferred ranking was learned with: its evidence and decisions mean
+    what they meant there (a probe given on the command line must be that one)."""
+    from carnator_core.pipeline import ReuseSettings
+    if probe_fraction is not None and abs(probe_fraction - transferred.probe_fraction) > 1e-9:
+        raise SystemExit(f"the transferred ranking was learned with probe_fraction {transferred.probe_fraction:g}, "
+                         f"not {probe_fraction:g}: drop --probe-fraction or transfer a calibration for that probe")
+    return ReuseSettings(probe_fraction=transferred.probe_fraction, region_fill_on_m=transferred.region_fill_on_m,
+                         region_margin=transferred.region_margin,
+                         same_scene_finish_calls=transferred.finish_calls.get("same_scene", 0),
+                         other_finish_calls=transferred.finish_calls.get("other", 0),
+                         other_finish_region=bool(transferred.finish_region.get("other")))
 
 
 def main() -> int:
@@ -93,7 +124,8 @@ def main() -> int:
     ap.add_argument("--cfg", type=float, default=5.0)
     ap.add_argument("--sampler", default="euler")
     ap.add_argument("--scheduler", default="simple")
-    ap.add_argument("--pairs", type=int, default=60)
+    ap.add_argument("--pairs", type=int, default=None,
+                    help="prompt pairs to measure (default 60; cheap: as many as the budget can start)")
     ap.add_argument("--prompts", default=None, help="a text file: one prompt per line, or 'A || B' pairs")
     ap.add_argument("--psnr-bound", type=float, default=30.0)
     ap.add_argument("--seed", type=int, default=0)
@@ -103,8 +135,9 @@ def main() -> int:
     ap.add_argument("--switch-step", type=int, default=0,
                     help="with --low-noise-model: the first low-noise step (0: by --switch-sigma)")
     ap.add_argument("--switch-sigma", type=float, default=0.875)
-    ap.add_argument("--probe-fraction", type=float, default=0.1,
-                    help="the samplers' probe_fraction this calibration is for (it holds for that probe only)")
+    ap.add_argument("--probe-fraction", type=float, default=None,
+                    help="the samplers' probe_fraction this calibration is for (it holds for that probe only; "
+                         "default 0.1, cheap: the transferred ranking's)")
     ap.add_argument("--fill-on-m", action="store_true",
                     help="measure hits that compute an edit's region M along its own trajectory on its "
                          "tokens (the gate then does it on every hit of this model)")
@@ -114,6 +147,13 @@ def main() -> int:
                     help="stop starting new pairs once B generation-equivalents are spent (1 = one full "
                          "generation at --steps and --latent; a pair costs about 2 + 7); what was measured "
                          "is fitted, and the same command with a larger B continues. 0: no limit")
+    ap.add_argument("--procedure", choices=("generic", "cheap"), default="generic",
+                    help="generic: every depth of every pair, the ranking fitted here (thousands of "
+                         "generation-equivalents); cheap: the ranking of --transfer kept, only its thresholds "
+                         "certified here, within --budget-generations (carnator_core/calibration/cheap.py)")
+    ap.add_argument("--transfer", default=None, metavar="JSON",
+                    help="with --procedure cheap: the calibration whose ranking is kept (default: the bundled "
+                         "tiny world's, models/calibration/0706ef2962b7…probe0.05.json)")
     ap.add_argument("--demo-models", action="store_true",
                     help="calibrate the bundled tiny models into models/calibration/")
     ap.add_argument("--only", nargs="+", choices=sorted(DEMO), default=None,
@@ -123,6 +163,8 @@ def main() -> int:
     import_comfy()
     prompts = Path(a.prompts).read_text() if a.prompts else ""
     if a.demo_models:
+        if a.procedure != "generic":
+            ap.error("--demo-models runs the generic calibration")
         out = ROOT / "models" / "calibration"
         listing = out / "demo_models.json"
         summary = json.loads(listing.read_text()) if a.only and listing.is_file() else {}
@@ -131,7 +173,8 @@ def main() -> int:
             high, low = DEMO_EXPERTS.get(backbone, (backbone, None))
             # the cache folder's calibration/ subfolder is where files land: use models/ itself
             rep = calibrate_one(tiny(high), DEMO[backbone], DEMO_STEPS, DEMO_CFG, DEMO_PAIRS[backbone],
-                                prompts, str(out.parent), low_noise_model=tiny(low) if low else None,
+                                prompts, str(out.parent), probe_fraction=a.probe_fraction or 0.1,
+                                low_noise_model=tiny(low) if low else None,
                                 switch_step=DEMO_STEPS // 2 if low else 0,
                                 budget_generations=a.budget_generations)
             summary[backbone] = {"fingerprint": rep["model_fingerprint"], "pairs": rep["pairs"],
@@ -154,9 +197,10 @@ def main() -> int:
     if cache is None:
         from carnator_core.comfy_adapter import default_cache_folder
         cache = default_cache_folder()
+    probe = a.probe_fraction if a.procedure == "cheap" else (a.probe_fraction or 0.1)
     calibrate_one(a.model, a.latent, a.steps, a.cfg, a.pairs, prompts, cache, clip, vae, a.psnr_bound,
                   a.sampler, a.scheduler, a.seed, a.low_noise_model, a.switch_step, a.switch_sigma,
-                  a.probe_fraction, a.fill_on_m, a.region_margin, a.budget_generations)
+                  probe, a.fill_on_m, a.region_margin, a.budget_generations, a.procedure, a.transfer)
     return 0
 
 

@@ -168,6 +168,12 @@ def test_online_certification_benchmark_smoke(tmp_path):
     assert "REPLAY" in r["what"] and r["budgets"][0]["series"] and r["budgets"][0]["cost_generations"] > 0
 
 
+def test_cheap_calibration_benchmark_parses_its_arguments():
+    """bench/cheap_calibration.py starts: its options parse."""
+    printed = run(["bench/cheap_calibration.py", "--help"], timeout=180)
+    assert printed.startswith("usage:") and "--budgets" in printed and "--paraphrase-share" in printed
+
+
 STUDIES = sorted(p.name for p in (REPO / "bench" / "studies").glob("*.py") if p.name != "study_paths.py")
 
 

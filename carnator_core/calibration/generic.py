@@ -66,6 +66,90 @@ def reuse_depths(settings: ReuseSettings, steps: int) -> list[int]:
     return [k for k in settings.snapshot_steps(steps) if lo <= k <= hi]
 
 
+@dataclass
+class Direction:
+    """A request against a candidate at the probe step: the gate's evidence (``inst``, the
+    calibration's instance without depths yet), the region M a reuse computes itself (after
+    widening) and the evidence class; ``refused`` where the region limit rejects it before
+    any depth."""
+    inst: dict
+    region: torch.Tensor
+    klass: str
+    refused: bool
+    stored_x0: dict | None = None  # the candidate's x̂0 a guided finish follows, read once
+
+
+def direction_evidence(request: FullRun, candidate: FullRun, settings: ReuseSettings,
+                       region_threshold: float) -> Direction:
+    """The gate's evidence for ``request`` against ``candidate``, read as ``gate.decide`` reads
+    it, with the share of the tokens its reuse computes (``features["reuse_share"]``)."""
+    steps = request.record.run.steps
+    p = settings.probe_steps(steps)
+    new_sig, old_sig = request.record.signature(p - 1), candidate.record.signature(p - 1)
+    feats, region = evidence(new_sig, old_sig, new_sig.similarity(old_sig), region_threshold)
+    inst = {"features": feats, "depths": []}
+    if p > 1:  # what a one-step probe would have seen (issue 10: probe cost)
+        new0, old0 = request.record.signature(0), candidate.record.signature(0)
+        inst["features_step0"] = evidence(new0, old0, new0.similarity(old0), region_threshold)[0]
+    klass = evidence_class(feats)
+    if feats["region_fraction"] > settings.gate.max_region_fraction:
+        return Direction(inst, region, klass, True)  # the gate rejects it before any depth
+    region = reuse_region(feats, region, request.record.grid, settings.region_margin)
+    # the share of the tokens the reuse computes itself: the gate certifies other evidence per
+    # bin of it (gate.share_cell), reading it the same way (pipeline.region_share_for)
+    feats["reuse_share"] = (region_share_for(request.record.run, request.record.grid)(region)
+                            if bool(region.any()) else 0.0)
+    return Direction(inst, region, klass, False)
+
+
+def measure_reuse(request: FullRun, candidate: FullRun, new_run: Callable[[], object],
+                  settings: ReuseSettings, direction: Direction, k: int, finish: int,
+                  outcome: Callable[[torch.Tensor], dict]) -> dict | None:
+    """One reuse of ``candidate`` by ``request`` at depth k, finished every step (``finish``
+    0) or by a guided finish of that many calls — a region finish for other evidence when
+    ``settings.other_finish_region`` — as a depth record with ``outcome(final latent)``;
+    None where the gate never plans that reuse (a region finish too shallow or on every token)."""
+    steps = request.record.run.steps
+    p = settings.probe_steps(steps)
+    region, klass = direction.region, direction.klass
+    by_region = klass == "other" and settings.other_finish_region and finish > 0
+    if by_region and (not finish_allows(k, steps, finish, region=True) or bool(region.all())):
+        return None  # the gate never plans a region finish this shallow or on the whole frame
+    run = new_run()
+    x_k = candidate.record.snapshots[k].float()
+    if bool(region.any()):
+        filled = fill_region(run, x_k, region, request.record.grid, request.x0_probe,
+                             request.x_probe, p, k, settings.region_fill_calls,
+                             candidate.record.snapshots if settings.region_fill_on_m else None)
+        start, fill = filled.latent, {"fill_steps": round(filled.steps, 4)}
+        if settings.region_fill_on_m:  # as a hit of the calibrated model will fill it
+            fill.update(fill="on_m", fill_calls=filled.calls, fill_region_calls=filled.region_calls)
+        if settings.region_margin and klass == "other":
+            fill["margin"] = settings.region_margin
+    else:
+        start, fill = run.boundary_from_sampler_space(x_k, k), {"fill_steps": 0}
+    if direction.stored_x0 is None:
+        direction.stored_x0 = {s: x.float() for s, x in candidate.record.denoised.items()}
+    guide = guided_finish_for(run, direction.stored_x0, k, finish)
+    if finish and guide is None:
+        return None  # nothing stored to guide it (cannot happen with snapshots recorded)
+    tokens = None
+    if by_region and bool(region.any()):  # (an empty M: the plain guided finish)
+        mask = tiles_to_latent_mask(region, request.record.grid, run.latent_shape)
+        try:
+            tokens = run.compute_region(mask)
+        except ValueError:  # M (widened) covers every token: a hit computes every step
+            return None     # after k* instead, which is measured as the every-step finish
+        guide = RegionFinish(guide, mask)
+    final = run.sample(k, steps, start, guide=guide)
+    how = {"finish_calls": finish, "predicted_steps": guide.predicted} if guide else {}
+    if by_region:  # model calls on M's tokens alone, and their share of the tokens
+        how.update(region_steps=guide.region_steps if tokens else 0,
+                   token_share=round(tokens.share, 4) if tokens else 0.0)
+        run.compute_region(None)
+    return {"k": k, "depth_fraction": k / steps, **fill, **how, **outcome(final)}
+
+
 def measure_direction(request: FullRun, candidate: FullRun, new_run: Callable[[], object],
                       settings: ReuseSettings, region_threshold: float,
                       outcome: Callable[[torch.Tensor], dict],
@@ -75,68 +159,22 @@ def measure_direction(request: FullRun, candidate: FullRun, new_run: Callable[[]
     candidate at each depth the gate may choose (``outcome`` returns at least psnr and
     label), finished every step and by the evidence class's guided finish — or by
     ``finishes(evidence class)`` only (0: every step, else a guided finish's calls)."""
-    steps = request.record.run.steps
-    p = settings.probe_steps(steps)
-    new_sig, old_sig = request.record.signature(p - 1), candidate.record.signature(p - 1)
-    feats, region = evidence(new_sig, old_sig, new_sig.similarity(old_sig), region_threshold)
-    inst = {"features": feats, "depths": []}
-    if p > 1:  # what a one-step probe would have seen (issue 10: probe cost)
-        new0, old0 = request.record.signature(0), candidate.record.signature(0)
-        inst["features_step0"] = evidence(new0, old0, new0.similarity(old0), region_threshold)[0]
-    if feats["region_fraction"] > settings.gate.max_region_fraction:
-        return inst  # the gate rejects it before any depth
+    direction = direction_evidence(request, candidate, settings, region_threshold)
+    if direction.refused:
+        return direction.inst
     # a reuse is measured finished every step and by its class's guided finish: the gate
     # certifies both and runs whichever computes less at the budget
-    klass = evidence_class(feats)
-    region = reuse_region(feats, region, request.record.grid, settings.region_margin)
-    # the share of the tokens the reuse computes itself: the gate certifies other evidence per
-    # bin of it (gate.share_cell), reading it the same way (pipeline.region_share_for)
-    feats["reuse_share"] = (region_share_for(request.record.run, request.record.grid)(region)
-                            if bool(region.any()) else 0.0)
     if finishes is None:
-        calls = settings.finish_calls_for(klass)
+        calls = settings.finish_calls_for(direction.klass)
         chosen = [0, calls] if calls else [0]
     else:
-        chosen = finishes(klass)
-    stored_x0 = {s: x.float() for s, x in candidate.record.denoised.items()}
-    region_finish = klass == "other" and settings.other_finish_region
+        chosen = finishes(direction.klass)
+    steps = request.record.run.steps
     for k, finish in [(k, f) for f in chosen for k in reuse_depths(settings, steps)]:
-        by_region = region_finish and finish > 0  # this reuse's finish computes M between its calls
-        if by_region and (not finish_allows(k, steps, finish, region=True) or bool(region.all())):
-            continue  # the gate never plans a region finish this shallow or on the whole frame
-        run = new_run()
-        x_k = candidate.record.snapshots[k].float()
-        if bool(region.any()):
-            filled = fill_region(run, x_k, region, request.record.grid, request.x0_probe,
-                                 request.x_probe, p, k, settings.region_fill_calls,
-                                 candidate.record.snapshots if settings.region_fill_on_m else None)
-            start, fill = filled.latent, {"fill_steps": round(filled.steps, 4)}
-            if settings.region_fill_on_m:  # as a hit of the calibrated model will fill it
-                fill.update(fill="on_m", fill_calls=filled.calls, fill_region_calls=filled.region_calls)
-            if settings.region_margin and klass == "other":
-                fill["margin"] = settings.region_margin
-        else:
-            start, fill = run.boundary_from_sampler_space(x_k, k), {"fill_steps": 0}
-        guide = guided_finish_for(run, stored_x0, k, finish)
-        if finish and guide is None:
-            continue  # nothing stored to guide it (cannot happen with snapshots recorded)
-        tokens = None
-        if by_region and bool(region.any()):  # (an empty M: the plain guided finish)
-            mask = tiles_to_latent_mask(region, request.record.grid, run.latent_shape)
-            try:
-                tokens = run.compute_region(mask)
-            except ValueError:  # M (widened) covers every token: a hit computes every step
-                continue        # after k* instead, which is measured as the every-step finish
-            guide = RegionFinish(guide, mask)
-        final = run.sample(k, steps, start, guide=guide)
-        how = {"finish_calls": finish, "predicted_steps": guide.predicted} if guide else {}
-        if by_region:  # model calls on M's tokens alone, and their share of the tokens
-            how.update(region_steps=guide.region_steps if tokens else 0,
-                       token_share=round(tokens.share, 4) if tokens else 0.0)
-            run.compute_region(None)
-        inst["depths"].append({"k": k, "depth_fraction": k / steps, **fill,
-                               **how, **outcome(final)})
-    return inst
+        record = measure_reuse(request, candidate, new_run, settings, direction, k, finish, outcome)
+        if record is not None:
+            direction.inst["depths"].append(record)
+    return direction.inst
 
 
 def pair_id(pair: dict, seed: int, steps: int, finish_calls: int = 0, other_finish_calls: int = 0,
@@ -238,33 +276,60 @@ def _measure_pair(pair, seed, make_run, settings, tolerance, decode, region_thre
                   meter=None) -> dict:
     """One progress line: the pair's instances and what measuring them cost."""
     t0, rows0 = time.perf_counter(), meter.rows if meter is not None else 0
-    full, unit = {}, 0
-    for side in ("a", "b"):
-        full[side] = compute_full(make_run(pair[side], seed), snaps, p)
-        if meter is not None and not unit:  # the unit: this pair's first full generation
-            unit = meter.rows - rows0
+    full, unit = compute_pair(pair, seed, make_run, snaps, p, meter)
     frames = {side: decode(f.final) for side, f in full.items()} if decode else {}
     out = []
     for req, cand in (("b", "a"), ("a", "b")):
-        def outcome(final, req=req) -> dict:
-            lat = psnr(final, full[req].final)
-            got = {"psnr_latent": lat}
-            if decode is not None:
-                got["psnr_frames"] = psnr(decode(final), frames[req], peak=1.0)
-            q = got["psnr_frames" if tolerance.space == "frames" else "psnr_latent"]
-            return {**got, "psnr": q, "label": int(q < tolerance.psnr_bound)}
+        outcome = psnr_outcome(full[req], tolerance, decode, frames.get(req))
         inst = measure_direction(full[req], full[cand], lambda req=req: make_run(pair[req], seed),
                                  settings, region_threshold, outcome)
         out.append({"group": pair["group"], "kind": pair.get("kind"), "prompt": pair[req],
                     "candidate_prompt": pair[cand], **inst})
-    seconds = time.perf_counter() - t0
-    if unit:  # counted at the model
+    return {"instances": out, "cost": metered_cost(meter, rows0, unit, time.perf_counter() - t0, out,
+                                                   full["a"].record.run.steps)}
+
+
+def compute_pair(pair: dict, seed: int, make_run: Callable[[str, int], object], snaps: list[int],
+                 probe_steps: int, meter: ComputeMeter | None = None) -> tuple[dict[str, FullRun], int]:
+    """Both requests of a pair computed in full from the pair's seed, and the token rows the
+    meter counted for the first (the pair's unit of one generation; 0 without a meter)."""
+    full, unit = {}, 0
+    for side in ("a", "b"):
+        before = meter.rows if meter is not None else 0
+        full[side] = compute_full(make_run(pair[side], seed), snaps, probe_steps)
+        if meter is not None and not unit:
+            unit = meter.rows - before
+    return full, unit
+
+
+def psnr_outcome(reference: FullRun, tolerance: Tolerance,
+                 decode: Callable[[torch.Tensor], torch.Tensor] | None = None,
+                 reference_frames: torch.Tensor | None = None) -> Callable[[torch.Tensor], dict]:
+    """A reuse's outcome against the request's own full computation: PSNR on the latent, and
+    on the decoded frames with a decoder; labelled beyond tolerance below the bound."""
+    if decode is not None and reference_frames is None:
+        reference_frames = decode(reference.final)
+
+    def outcome(final: torch.Tensor) -> dict:
+        got = {"psnr_latent": psnr(final, reference.final)}
+        if decode is not None:
+            got["psnr_frames"] = psnr(decode(final), reference_frames, peak=1.0)
+        q = got["psnr_frames" if tolerance.space == "frames" else "psnr_latent"]
+        return {**got, "psnr": q, "label": int(q < tolerance.psnr_bound)}
+    return outcome
+
+
+def metered_cost(meter: ComputeMeter | None, rows0: int, unit: int, seconds: float,
+                 instances: list[dict], steps: int) -> dict:
+    """A pair's cost for its progress line: the rows counted at the model since ``rows0`` in
+    units of its first full generation, else (a model whose blocks the meter cannot find) the
+    same rule on the records."""
+    if unit:
         rows = meter.rows - rows0
         cost = PairCost(rows / unit, seconds, "meter").as_dict()
         cost.update(rows=rows, rows_per_generation=unit)
-    else:  # a model whose blocks the meter cannot find: the same rule on the records
-        cost = PairCost(pair_cost(out, full["a"].record.run.steps), seconds, "rule").as_dict()
-    return {"instances": out, "cost": cost}
+        return cost
+    return PairCost(pair_cost(instances, steps), seconds, "rule").as_dict()
 
 
 def calibrate(make_run: Callable[[str, int], object], pairs: list[dict], settings: ReuseSettings,
