@@ -154,7 +154,7 @@ def test_text_states_replay_a_workloads_prompts_bit_for_bit_without_minilm(tmp_p
 
 
 def test_many_steps_runner_parses_its_arguments():
-    """bench/many_steps.py (issue 47's measurement) starts: its options parse."""
+    """bench/many_steps.py starts: its options parse."""
     printed = run(["bench/many_steps.py", "--help"], timeout=180)
     assert printed.startswith("usage:") and "--workloads" in printed and "--force" in printed
 
