@@ -46,7 +46,6 @@ import functools
 import hashlib
 import json
 import math
-import os
 import random
 import time
 from pathlib import Path
@@ -58,8 +57,8 @@ from ..gate import (EVIDENCE_CLASSES, RiskModel, class_of_option, option_key, sh
 from ..pipeline import ReuseSettings
 from . import fit as CAL
 from . import pairs as prompt_pairs
-from .generic import (FullRun, _progress_rows, _say, compute_pair, direction_evidence, measure_reuse,
-                      metered_cost, pair_id, progress_path, psnr_outcome, reuse_depths)
+from .generic import (FullRun, _progress_rows, _say, append_progress, compute_pair, direction_evidence,
+                      measure_reuse, metered_cost, pair_id, progress_path, psnr_outcome, reuse_depths)
 from .meter import ComputeMeter, CostLedger, PairCost, cost_text
 from .sequential import RiskSequence
 from .tolerance import Tolerance
@@ -235,25 +234,18 @@ def measure(pairs: list[dict], make_run: Callable[[str, int], object], settings:
     done = _progress_rows(progress_file)
     Path(progress_file).parent.mkdir(parents=True, exist_ok=True)
     pids = [pair_key(pair, seed, steps, settings, ladder) for pair in pairs]
-    for pid in dict.fromkeys(pids):
-        if pid in done:
-            ledger.carried.append(PairCost.of(done[pid], done[pid]["instances"], steps))
+    ledger.carry(done, pids, steps)
     rows: list[dict] = []
     landed: dict[str, int] = {}  # pairs so far with a direction in each cell (evidence only)
     for i, (pair, pid) in enumerate(zip(pairs, pids)):
         if pid not in done:
-            if ledger.exhausted:
-                ledger.stopped_by_budget = True
-                ledger.pairs_skipped += 1
+            if ledger.skip_if_spent():
                 continue
             wanted = within_reach(ladder, landed, len(rows), _planned(ledger, len(rows), len(pairs)), delta)
             done[pid] = {"pair_id": pid, **measure_pair(pair, seed + int(pair["group"]), make_run, settings,
                                                         ranking, ladder, steps, judge, region_threshold, meter,
                                                         wanted)}
-            with open(progress_file, "a") as f:  # one line per pair: a kill loses one pair at most
-                f.write(json.dumps(done[pid]) + "\n")
-                f.flush()
-                os.fsync(f.fileno())
+            append_progress(progress_file, done[pid])
             ledger.measured.append(PairCost.of(done[pid], done[pid]["instances"], steps))
             log(ledger.progress_line(i + 1, sum(q not in done for q in pids[i + 1:])))
         rows.append(done[pid])

@@ -245,27 +245,28 @@ def measure(pairs: list[dict], make_run: Callable[[str, int], object], settings:
     pids = [pair_id(pair, seed, steps, settings.same_scene_finish_calls, settings.other_finish_calls,
                     settings.other_finish_region, settings.region_fill_on_m, settings.region_margin)
             for pair in pairs]
-    for pid in dict.fromkeys(pids):  # what the pairs measured before cost (duplicates once)
-        if pid in done:
-            ledger.carried.append(PairCost.of(done[pid], done[pid]["instances"], steps))
+    ledger.carry(done, pids, steps)
     for i, (pair, pid) in enumerate(zip(pairs, pids)):
         if pid not in done:
-            if ledger.exhausted:
-                ledger.stopped_by_budget = True
-                ledger.pairs_skipped += 1
+            if ledger.skip_if_spent():
                 continue
             done[pid] = {"pair_id": pid, **_measure_pair(pair, seed + int(pair["group"]), make_run, settings,
                                                          tolerance, decode, region_threshold, snaps, p, meter)}
-            with open(progress_file, "a") as f:  # one line per pair: a kill loses one pair at most
-                f.write(json.dumps(done[pid]) + "\n")
-                f.flush()
-                os.fsync(f.fileno())
+            append_progress(progress_file, done[pid])
             ledger.measured.append(PairCost.of(done[pid], done[pid]["instances"], steps))
             log(ledger.progress_line(i + 1, sum(q not in done for q in pids[i + 1:])))
         instances += done[pid]["instances"]
         if on_pair is not None:
             on_pair(i + 1, len(pairs))
     return instances
+
+
+def append_progress(progress_file: str | Path, row: dict) -> None:
+    """One line per pair, synced: a kill loses one pair at most."""
+    with open(progress_file, "a") as f:
+        f.write(json.dumps(row) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
 
 
 def _say(line: str) -> None:

@@ -94,6 +94,21 @@ class CostLedger:
     def exhausted(self) -> bool:
         return self.budget_generations > 0 and self.spent >= self.budget_generations
 
+    def carry(self, done: dict[str, dict], pair_ids: list[str], steps: int) -> None:
+        """Count what the pairs measured before (in ``done``, the progress file) cost, each
+        pair once however often it is listed."""
+        for pid in dict.fromkeys(pair_ids):
+            if pid in done:
+                self.carried.append(PairCost.of(done[pid], done[pid]["instances"], steps))
+
+    def skip_if_spent(self) -> bool:
+        """Whether the budget is spent; if so the pair about to start is skipped and counted."""
+        if not self.exhausted:
+            return False
+        self.stopped_by_budget = True
+        self.pairs_skipped += 1
+        return True
+
     def per_pair(self) -> tuple[float | None, float | None]:
         """(generation-equivalents, seconds) per pair, from the pairs measured in this run
         (their machine), else from the carried ones that have them."""
