@@ -282,7 +282,8 @@ def _scored(model: RiskModel, inst: dict, calls: int, min_k: int | None,
             max_k: int | None) -> list[tuple[float, dict]]:
     """This pair's reuses with one finish, deepest first, each with the score the thresholds
     compare."""
-    return [(model.score({**evidence_of(inst), "depth_fraction": d["depth_fraction"]}), d)
+    evidence = evidence_of(inst)  # once per pair: the share is read from its depth records
+    return [(model.score({**evidence, "depth_fraction": d["depth_fraction"]}), d)
             for d in sorted(_depths(inst, min_k, max_k, calls, model.measured_steps), key=lambda d: -d["k"])]
 
 
