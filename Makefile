@@ -26,6 +26,6 @@ workflows:
 tiny-models: setup
 	$(PY) scripts/make_tiny_models.py
 
-# The tiny-world results of the README (calibration, benchmarks, localization, depth studies; ~75 min, not CI).
+# The README's tiny-world results: the bundled model at the default settings (~1 hour, not CI).
 tinyworld-results: setup
 	bash scripts/tinyworld_results.sh

@@ -9,7 +9,7 @@ takes the gate's evidence for the request against the candidate at the probe ste
 ``carnator_core.gate.evidence`` does in the pipeline (same signatures, same region threshold),
 then *actually reuses* the candidate at every stored depth k the gate may choose — the
 candidate's x_k outside the region M, the request's own re-noised probe x̂0 inside it, as
-``pipeline._start_from_candidate`` does — and finishes the request. The reuse is labelled
+``resume.start_from_candidate`` does — and finishes the request. The reuse is labelled
 "exceeds tolerance" when its PSNR against the request's own full computation is below
 --psnr-bound or the checker disagrees with the line's scene where the full computation agrees.
 
@@ -228,9 +228,9 @@ def main(argv=None) -> dict:
                          "files and write them with those reuses added (use with --shard; then "
                          "re-fit with --instances); with --same-scene-finish-calls, the same-scene "
                          "reuses' guided finish instead, replacing the stored one")
-    ap.add_argument("--probe-fraction", type=float, default=0.1,
-                    help="share of the steps the probe runs (ReuseSettings.probe_fraction): a "
-                         "calibration holds for the probe it was measured with")
+    ap.add_argument("--probe-fraction", type=float, default=None,
+                    help="share of the steps the probe runs (ReuseSettings.probe_fraction; default: the "
+                         "samplers' default): a calibration holds for the probe it was measured with")
     ap.add_argument("--easycache", type=float, default=None, metavar="THRESHOLD",
                     help="calibrate the model with ComfyUI's EasyCache applied at this threshold "
                          "(another fingerprint: what Carnator on an EasyCache'd model looks for)")
@@ -245,8 +245,9 @@ def main(argv=None) -> dict:
     if "bench_tw" not in sys.modules:
         _load_bench()
     from bench_tw import DEFAULT_MODEL, World, eased, load_workload
-    from carnator_core.gate import DEFAULT_PROBE_FRACTION, GateSettings, RiskModel, same_probe
+    from carnator_core.gate import DEFAULT_PROBE_FRACTION, UNNAMED_PROBE_FRACTION, GateSettings, RiskModel, same_probe
     from carnator_core.pipeline import ReuseSettings
+    a.probe_fraction = DEFAULT_PROBE_FRACTION if a.probe_fraction is None else a.probe_fraction
     world = World(a.model or DEFAULT_MODEL, steps=a.steps, cfg=a.cfg, threads=a.threads)
     if a.easycache is not None:  # every computation, the full ones included, with EasyCache
         world = eased(world, a.easycache)
@@ -356,7 +357,7 @@ def main(argv=None) -> dict:
     copy = CAL.save(model, os.path.join(REPO, "models") if os.path.abspath(a.results) == RESULTS
                     else a.results, fp)
     report["saved"] = [str(path), os.path.relpath(str(copy), REPO)]
-    report_name = "calibration_report.json" if same_probe(a.probe_fraction, DEFAULT_PROBE_FRACTION) \
+    report_name = "calibration_report.json" if same_probe(a.probe_fraction, UNNAMED_PROBE_FRACTION) \
         else f"calibration_report.probe{a.probe_fraction:g}.json"
     with open(os.path.join(a.results, report_name), "w") as f:
         json.dump(report, f, indent=1)

@@ -1,6 +1,8 @@
 """Markdown tables for the README from the tiny-world result files.
 
-    .venv/bin/python bench/report.py        # reads bench/results/{tinyworld,calibration_report,localization}.json
+    .venv/bin/python bench/report.py             # reads bench/results/{tinyworld,calibration_report,localization}.json
+    .venv/bin/python bench/report.py --headline  # the README's results table, from bench/results/tinyworld.json
+    .venv/bin/python bench/report.py --budgets   # every workload at every budget (docs/results.md)
 
 Prints; writes nothing. The numbers are whatever the last runs of bench/tinyworld.py,
 bench/calibrate.py and bench/studies/localization.py measured.
@@ -117,6 +119,58 @@ def certification_table(rep: dict) -> str:
                      "beyond tolerance", "p-value", f"upper {1 - cert['delta']:.0%} bound"], rows)
 
 
+# The README's headline rows, in its order, with what each workload is (docs/tinyworld.md)
+HEADLINE_WORKLOADS = {
+    "serve": "`serve` (popular prompts, paraphrases)",
+    "serve_reworded": "`serve_reworded` (wording never trained on)",
+    "iterate": "`iterate` (editing sessions)",
+    "iterate_replicate": "`iterate_replicate` (52 more sessions)",
+    "novel": "`novel` (edit kinds never calibrated)",
+}
+
+
+def ci_text(m: dict) -> str:
+    lo, hi = m.get("false_accept_ci95") or (None, None)
+    return pct(m["false_accept_rate"]) + (f" [{100 * lo:.1f}, {100 * hi:.1f}]" if lo is not None else "")
+
+
+def headline_table(res: dict) -> str:
+    """Carnator at the main budget on each workload beside text similarity at the nearest hit
+    rate: the README's results table (tests/test_tinyworld_bench.py checks they agree)."""
+    rows = []
+    for wl, label in HEADLINE_WORKLOADS.items():
+        if wl not in res["workloads"]:
+            continue
+        m = res["workloads"][wl]["carnator"]
+        text = (res.get("comparison") or {}).get(wl, {}).get("text_false_accept_rate")
+        rows.append([label, pct(m["hit_rate"]), ci_text(m), pct(text),
+                     f"**{m['steps_speedup_hits']:.2f}×**" if wl in ("serve", "iterate") else num(m["steps_speedup_hits"], "×"),
+                     num(m["compute_speedup_workload"], "×"), f"{m['psnr_hits_mean']:.1f} dB",
+                     f"{pct(m['checker_accuracy'])} / {pct(m['checker_accuracy_full'])}"])
+    return markdown(["workload", "hit rate", "false accepts [95% CI]", "text similarity",
+                     "steps saved on gate hits", "whole workload", "PSNR on hits",
+                     "checker (Carnator / full)"], rows)
+
+
+def budget_table(res: dict) -> str:
+    """Every workload at every budget (docs/results.md): hits, false accepts over all hits and
+    gate hits alone, depth, steps saved by kind of hit, the whole workload, quality."""
+    rows = []
+    for wl in [w for w in HEADLINE_WORKLOADS if w in res["sweeps"]]:
+        for m in res["sweeps"][wl]["carnator"]:
+            same = m.get("steps_speedup_same_scene_hits")
+            rows.append([wl, f"{m['risk_budget']:g}", pct(m["hit_rate"]),
+                         f"{ci_text(m)} ({pct(m['gate_false_accept_rate'])})",
+                         "—" if m.get("mean_reuse_step") is None else f"{m['mean_reuse_step']:.1f}",
+                         num(m["steps_speedup_hits"], "×"), num(m.get("steps_speedup_other_hits"), "×"),
+                         f"{num(same, '×')} ({pct(m.get('same_scene_hit_rate'))})",
+                         num(m["compute_speedup_workload"], "×"), f"{m['psnr_hits_mean']:.1f} dB",
+                         f"{pct(m['checker_accuracy'])} / {pct(m['checker_accuracy_full'])}"])
+    return markdown(["workload", "α", "hit rate", "false accepts [95% CI] (gate hits alone)", "mean k*",
+                     "steps saved, gate hits", "other hits", "same-scene hits (share)", "whole workload",
+                     "PSNR on hits", "checker (system / full)"], rows)
+
+
 def calibration_table(rep: dict) -> str:
     rows = [[v["alpha"], v["accepted"], pct(v["false_accept_rate"]), pct(v["false_accept_upper95"]),
              v["holds"]] for v in rep["heldout"].values()]
@@ -124,7 +178,14 @@ def calibration_table(rep: dict) -> str:
 
 
 def main() -> None:
+    import sys
     res = _load("tinyworld.json")
+    if "--headline" in sys.argv[1:]:
+        print(headline_table(res))
+        return
+    if "--budgets" in sys.argv[1:]:
+        print(budget_table(res))
+        return
     if res:
         s = res["settings"]
         print(f"Model {s['model']} (fingerprint {s['fingerprint'][:12]}), {s['steps']} steps, "

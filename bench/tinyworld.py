@@ -579,14 +579,16 @@ def plot(results: dict, out_dir: str) -> list[str]:
             ax.set_xlabel(xl), ax.set_ylabel(yl), ax.legend(fontsize=8), ax.grid(alpha=0.3)
             fig.tight_layout(), fig.savefig(path, dpi=120), plt.close(fig)
     except ImportError:
-        for series, xl, yl, path in specs:
-            _pil_plot(series, xl, yl, path)
+        for (series, xl, yl, path), where in zip(specs, ("top left", "top right")):
+            _pil_plot(series, xl, yl, path, legend=where, by_workload=True)
     return paths
 
 
-def _pil_plot(series, xlabel, ylabel, path, size=(640, 480), from_zero=True, legend="top right"):
+def _pil_plot(series, xlabel, ylabel, path, size=(640, 480), from_zero=True, legend="top right",
+              by_workload=False):
     """Minimal line plot with Pillow (used when matplotlib is not installed); ``from_zero``
-    False fits both axes to the data (with a margin), ``legend`` "bottom left" moves the key."""
+    False fits both axes to the data (with a margin), ``legend`` "top left" or "bottom left"
+    moves the key."""
     from PIL import Image, ImageDraw
     img = Image.new("RGB", size, "white")
     d = ImageDraw.Draw(img)
@@ -614,16 +616,20 @@ def _pil_plot(series, xlabel, ylabel, path, size=(640, 480), from_zero=True, leg
     d.text(((l + r) // 2 - 40, b + 22), xlabel, fill="black")
     d.text((5, 2), ylabel, fill="black")
     colours = ["#d62728", "#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#17becf"]
+    # ``by_workload`` ("<workload> <system>" labels): one colour per workload, text similarity's
+    # points square and its line thin, Carnator's round; else one colour per series
+    groups = list(dict.fromkeys(label.rsplit(" ", 1)[0] if by_workload else label for label, _ in series))
     for i, (label, pts) in enumerate(series):
-        c = colours[i % len(colours)]
+        c = colours[groups.index(label.rsplit(" ", 1)[0] if by_workload else label) % len(colours)]
+        text = by_workload and label.endswith(" text")
         q = [px(*p) for p in pts]
         if len(q) > 1:
-            d.line(q, fill=c, width=2)
+            d.line(q, fill=c, width=1 if text else 3)
         for X, Y in q:
-            d.ellipse([X - 3, Y - 3, X + 3, Y + 3], fill=c)
-        at = ((r - 170, t + 8 + 14 * i) if legend == "top right"
-              else (l + 8, b - 14 * (len(series) - i) - 4))
-        d.text(at, label, fill=c)
+            (d.rectangle if text else d.ellipse)([X - 3, Y - 3, X + 3, Y + 3], fill=c)
+        at = {"top right": (r - 170, t + 8 + 14 * i), "top left": (l + 8, t + 8 + 14 * i)}.get(
+            legend, (l + 8, b - 14 * (len(series) - i) - 4))
+        d.text(at, label + (" (squares)" if text else ""), fill=c)
     img.save(path)
 
 
@@ -729,9 +735,9 @@ def main(argv=None) -> dict:
     ap.add_argument("--risk-model", default="auto",
                     help="fitted risk model json; 'auto': the bundled models/calibration/<fingerprint>….json "
                          "if present; 'prior': the uncalibrated default")
-    ap.add_argument("--probe-fraction", type=float, default=0.1,
-                    help="the probe's share of the steps (ReuseSettings.probe_fraction); --risk-model "
-                         "auto finds the committed calibration for this probe")
+    ap.add_argument("--probe-fraction", type=float, default=None,
+                    help="the probe's share of the steps (ReuseSettings.probe_fraction; default: the "
+                         "samplers' default); --risk-model auto finds the committed calibration for this probe")
     ap.add_argument("--no-sparse-system", action="store_true",
                     help="skip the carnator_sparse system (Carnator at the main budget, sparse attention on)")
     ap.add_argument("--threads", type=int, default=1,
@@ -764,13 +770,13 @@ def main(argv=None) -> dict:
     if a.merge:
         return merge(a.merge, a.out, plots=not a.no_plots)
 
-    from carnator_core.gate import RiskModel
+    from carnator_core.gate import DEFAULT_PROBE_FRACTION, GateSettings, RiskModel
     from carnator_core.pipeline import ReuseSettings
-    from carnator_core.gate import GateSettings
+    a.probe_fraction = DEFAULT_PROBE_FRACTION if a.probe_fraction is None else a.probe_fraction
     world = World(a.model, steps=a.steps, cfg=a.cfg, threads=a.threads)
     fp = world.fingerprint
     rm_path = default_risk_model(fp, a.probe_fraction, a.steps) if a.risk_model == "auto" else (None if a.risk_model == "prior" else a.risk_model)
-    rm = RiskModel.load(rm_path) if rm_path else RiskModel()
+    rm = RiskModel.load(rm_path) if rm_path else RiskModel(probe_fraction=a.probe_fraction)
     budgets = sorted(set(a.budgets) | {a.main_budget})
     settings = ReuseSettings(probe_fraction=a.probe_fraction, gate=GateSettings())
     fill_calls = settings.region_fill_calls if a.fill_calls is None else a.fill_calls

@@ -45,7 +45,7 @@ class CarnatorCalibrate(io.ComfyNode):
                 io.Boolean.Input("include_audits", default=True, tooltip="Also fit on the live audits this cache holds for the model."),
                 CacheConfig.Input("cache", optional=True, tooltip="Where the calibration is written (the cache the sampler uses)."),
             ] + expert_inputs() + [
-                io.Float.Input("probe_fraction", default=0.1, min=0.02, max=0.5, step=0.01, optional=True,
+                io.Float.Input("probe_fraction", default=DEFAULT_PROBE_FRACTION, min=0.02, max=0.5, step=0.01, optional=True,
                                tooltip="The probe to calibrate for: the samplers' probe_fraction. A calibration holds for this probe only; calibrate once per probe you use."),
                 io.Boolean.Input("fill_region_on_its_tokens", default=False, optional=True,
                                  tooltip="On a hit, compute region M (what the request changes) along its own trajectory on M's tokens instead of a coarse estimate: a few more model calls on part of the tokens, deeper reuse for edits. The calibration measures it, and hits of this model then do it."),

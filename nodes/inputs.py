@@ -3,7 +3,7 @@ from comfy_api.latest import io
 
 from ..carnator_core.comfy_adapter import SAMPLER_NAMES, SCHEDULER_NAMES
 from ..carnator_core.reuse.experts import WAN22_SWITCH_SIGMA
-from ..carnator_core.gate import GateSettings
+from ..carnator_core.gate import DEFAULT_PROBE_FRACTION, GateSettings
 from .types import CacheConfig
 
 
@@ -28,7 +28,7 @@ def sampling_inputs() -> list:
 
 def probe_inputs() -> list:
     return [
-        io.Float.Input("probe_fraction", default=0.1, min=0.02, max=0.5, step=0.01,
+        io.Float.Input("probe_fraction", default=DEFAULT_PROBE_FRACTION, min=0.02, max=0.5, step=0.01,
                        tooltip="Share of the steps the Early Probe runs for real (at least one). The probe steps belong to the request: a miss just continues from them. A calibration holds for the probe it was measured with (Carnator Calibrate's probe_fraction); with another, the gate uses the uncalibrated prior."),
         io.Combo.Input("seed_policy", options=["same_seed", "shared_noise"], default="same_seed", optional=True,
                        tooltip="same_seed: reuse only entries made with this seed (interactive). shared_noise: requests draw noise from a small pool of canonical seeds so more of them are comparable (serving)."),

@@ -37,6 +37,7 @@ from ..carnator_core.cache.backend import database_location
 from ..carnator_core.cache.backend import open_cache as open_location
 from ..carnator_core.comfy_adapter import (TINYWORLD_LATENT_FORMAT, default_cache_folder,
                                            latent_rgb_factors, model_space)
+from ..carnator_core.gate import DEFAULT_PROBE_FRACTION
 from ..carnator_core.preview import frame_strip_png
 
 log = logging.getLogger("carnator")
@@ -314,7 +315,9 @@ async def get_calibration(request: web.Request) -> web.Response:
         cache = open_cache()
         rows = cache.list_entries(0, 1000)  # newest first
         seen = [r["model_fingerprint"] for r in rows if r.get("model_fingerprint")]
-        models = [model_status(cache.folder, fp) for fp in known_fingerprints(cache.folder, seen)]
+        # each model as the samplers see it by default; its other probes' files are listed beside
+        models = [model_status(cache.folder, fp, probe_fraction=DEFAULT_PROBE_FRACTION)
+                  for fp in known_fingerprints(cache.folder, seen)]
         for m in models:  # what the page shows next to each model: its latest entry's prompt
             m["example"] = next((r.get("prompt") for r in rows
                                  if r.get("model_fingerprint") == m["fingerprint"]), None)

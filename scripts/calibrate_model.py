@@ -39,6 +39,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT))
 
+from carnator_core.gate import DEFAULT_PROBE_FRACTION  # noqa: E402
+
 # The demo models: calibrated at the example workflows' steps and cfg, on a small latent (the
 # calibration file is keyed by the model alone; the depth rule works in shares of N).
 DEMO = {"wan21": "16x3x16x16", "hunyuan_video": "16x3x16x16", "ltxv": "128x3x8x8",
@@ -59,7 +61,7 @@ def calibrate_one(model_path: str, latent: str, steps: int, cfg: float, pairs: i
                   prompts: str, cache: str, clip=None, vae=None, psnr_bound: float = 30.0,
                   sampler: str = "euler", scheduler: str = "simple", seed: int = 0,
                   low_noise_model: str | None = None, switch_step: int = 0,
-                  switch_sigma: float = 0.875, probe_fraction: float | None = 0.1,
+                  switch_sigma: float = 0.875, probe_fraction: float | None = DEFAULT_PROBE_FRACTION,
                   fill_on_m: bool = False, region_margin: int = 0,
                   budget_generations: float = 0.0, procedure: str = "generic",
                   transfer: str | None = None) -> dict:
@@ -85,7 +87,7 @@ def calibrate_one(model_path: str, latent: str, steps: int, cfg: float, pairs: i
         chosen = cheap.pool_from_text(prompts, pairs or cheap.pairs_for_budget(budget_generations or 120), seed=seed)
         text = cheap.report_text
     else:
-        settings = ReuseSettings(probe_fraction=probe_fraction or 0.1, region_fill_on_m=fill_on_m,
+        settings = ReuseSettings(probe_fraction=probe_fraction or DEFAULT_PROBE_FRACTION, region_fill_on_m=fill_on_m,
                                  region_margin=region_margin if fill_on_m else 0)
         chosen = prompt_pairs.pairs_from_text(prompts, pairs or 60, seed=seed)
     t0 = time.time()
@@ -137,7 +139,7 @@ def main() -> int:
     ap.add_argument("--switch-sigma", type=float, default=0.875)
     ap.add_argument("--probe-fraction", type=float, default=None,
                     help="the samplers' probe_fraction this calibration is for (it holds for that probe only; "
-                         "default 0.1, cheap: the transferred ranking's)")
+                         "default: the samplers' default, cheap: the transferred ranking's)")
     ap.add_argument("--fill-on-m", action="store_true",
                     help="measure hits that compute an edit's region M along its own trajectory on its "
                          "tokens (the gate then does it on every hit of this model)")
@@ -173,7 +175,7 @@ def main() -> int:
             high, low = DEMO_EXPERTS.get(backbone, (backbone, None))
             # the cache folder's calibration/ subfolder is where files land: use models/ itself
             rep = calibrate_one(tiny(high), DEMO[backbone], DEMO_STEPS, DEMO_CFG, DEMO_PAIRS[backbone],
-                                prompts, str(out.parent), probe_fraction=a.probe_fraction or 0.1,
+                                prompts, str(out.parent), probe_fraction=a.probe_fraction or DEFAULT_PROBE_FRACTION,
                                 low_noise_model=tiny(low) if low else None,
                                 switch_step=DEMO_STEPS // 2 if low else 0,
                                 budget_generations=a.budget_generations)
@@ -197,7 +199,7 @@ def main() -> int:
     if cache is None:
         from carnator_core.comfy_adapter import default_cache_folder
         cache = default_cache_folder()
-    probe = a.probe_fraction if a.procedure == "cheap" else (a.probe_fraction or 0.1)
+    probe = a.probe_fraction if a.procedure == "cheap" else (a.probe_fraction or DEFAULT_PROBE_FRACTION)
     calibrate_one(a.model, a.latent, a.steps, a.cfg, a.pairs, prompts, cache, clip, vae, a.psnr_bound,
                   a.sampler, a.scheduler, a.seed, a.low_noise_model, a.switch_step, a.switch_sigma,
                   probe, a.fill_on_m, a.region_margin, a.budget_generations, a.procedure, a.transfer)

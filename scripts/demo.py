@@ -142,12 +142,11 @@ def main() -> int:
     work = out / "demo"
     shutil.rmtree(work, ignore_errors=True)  # a fresh cache: the first request must miss
     rows = []
-    calibrations = ROOT / "models" / "calibration"
     target = work / "user" / "carnator_cache" / "calibration"
     target.mkdir(parents=True)
-    for f in calibrations.glob("*.json"):
-        if len(f.stem) == 32:  # <fingerprint>.json: not their reports, not demo_models.json
-            shutil.copy(f, target / f.name)
+    from install_models import bundled_calibrations  # beside this script: what a user installs
+    for f in bundled_calibrations():
+        shutil.copy(f, target / f.name)
     print(f"starting ComfyUI (headless, CPU) in {work} ...", flush=True)
     with ComfyServer(work) as server:
         for backbone in args.backbones:

@@ -30,7 +30,6 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "docs" / "demo"
 MODEL = ROOT / "models" / "tinyworld" / "carnator_tinyworld_wan21.safetensors"
-CALIBRATION = ROOT / "models" / "calibration"
 SEED, STEPS, CFG, BUDGET = 42, 20, 4.0, 0.05
 BASE = "a red circle in the top left moves right"
 REQUESTS = [  # (file name, what it shows, prompt)
@@ -61,9 +60,9 @@ def run_requests(cache_dir: Path) -> list[dict]:
     from tinyworld import text as TXT
 
     (cache_dir / "calibration").mkdir(parents=True)
-    for f in CALIBRATION.glob("*.json"):
-        if len(f.stem) == 32:  # <fingerprint>.json: not their reports, not demo_models.json
-            shutil.copy(f, cache_dir / "calibration" / f.name)
+    from install_models import bundled_calibrations  # beside this script: what a user installs
+    for f in bundled_calibrations():
+        shutil.copy(f, cache_dir / "calibration" / f.name)
     model = comfy.sd.load_diffusion_model(str(MODEL))
     cond = lambda text: mark_latent_format(TXT.conditioning(text), TINYWORLD_LATENT_FORMAT)  # noqa: E731
     negative = cond("")

@@ -12,6 +12,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "workflows"
+# the nodes' default (carnator_core.gate.DEFAULT_PROBE_FRACTION; this script runs without torch)
+PROBE_FRACTION = 0.05
 
 BACKBONES = {
     # backbone: (tiny model file, empty-latent node, its widgets [width, height, length, batch])
@@ -108,7 +110,7 @@ def graph(backbone: str, single_node: bool) -> dict[str, dict]:
     # label "": the cache tab shows each request under its own prompt (read from node 2)
     sampling = {"model": ["1", 0], "positive": ["2", 0], "negative": ["3", 0],
                 "latent_image": ["4", 0], "seed": SEED, "steps": TINYWORLD["steps"] if world else STEPS,
-                "cfg": CFG, "sampler_name": "euler", "scheduler": "simple", "probe_fraction": 0.1,
+                "cfg": CFG, "sampler_name": "euler", "scheduler": "simple", "probe_fraction": PROBE_FRACTION,
                 "seed_policy": "same_seed", "snapshot_count": 7, "label": "",
                 "switch_step": 0, "switch_sigma": 0.875}
     if backbone in LOW_NOISE_EXPERTS:
@@ -148,7 +150,7 @@ def calibration_graph(backbone: str) -> dict[str, dict]:
                                     "pairs": 60, "first_seed": 0, "steps": STEPS, "cfg": CFG,
                                     "sampler_name": "euler", "scheduler": "simple",
                                     "psnr_bound": 30.0, "include_audits": True,
-                                    "switch_step": 0, "switch_sigma": 0.875, "probe_fraction": 0.1,
+                                    "switch_step": 0, "switch_sigma": 0.875, "probe_fraction": PROBE_FRACTION,
                                     "fill_region_on_its_tokens": False, "region_margin": 0,
                                     "budget_generations": 0.0}),
     }

@@ -87,8 +87,8 @@ def server(request, tmp_path_factory):
     seed_user_settings(work / "user")
     (work / "user" / "carnator_cache" / "calibration").mkdir(parents=True)
     for f in CALIBRATION.glob("*.json"):
-        # <fingerprint>.json and one measured at an N (….n30.json): not reports, not demo_models.json
-        if len(f.stem) == 32 or re.fullmatch(r"[0-9a-f]{32}(\.probe[0-9.]+)?\.n\d+\.json", f.name):
+        # the calibrations (per probe, and one measured at an N): not reports, not demo_models.json
+        if re.fullmatch(r"[0-9a-f]{32}(\.probe[0-9.]+)?(\.n\d+)?\.json", f.name):
             shutil.copy(f, work / "user" / "carnator_cache" / "calibration" / f.name)
     with ComfyServer(work, front_end_root=root) as s:
         s.front_end = request.param

@@ -35,9 +35,11 @@ def test_calibrate_node_writes_the_calibration_the_sampler_then_uses(tmp_path):
         assert "5 prompt pairs" in report and "reuses measured" in report, report
         assert "cost: " in report and "generation-equivalents" in report and "s wall" in report, report
         files = sorted(p.name for p in (server.cache_dir / "calibration").iterdir())
-        fingerprint = next(n[:-5] for n in files if n.endswith(".json") and n.count(".") == 1)
-        assert f"{fingerprint}.progress.jsonl" in files and f"{fingerprint}.report.json" in files
-        saved = json.loads((server.cache_dir / "calibration" / f"{fingerprint}.json").read_text())
+        # the node's default probe, 0.05, the samplers' default: <fingerprint>.probe0.05.json
+        fingerprint = next(n.split(".")[0] for n in files if n.endswith(".probe0.05.json"))
+        name = f"{fingerprint}.probe0.05"
+        assert f"{name}.progress.jsonl" in files and f"{name}.report.json" in files
+        saved = json.loads((server.cache_dir / "calibration" / f"{name}.json").read_text())
         assert saved["calibrated"] and saved["tolerance"] == {"psnr_bound": 30.0, "space": "latent"}
 
         # the same model through the sampler: its gate is the calibrated one, and says so
@@ -49,21 +51,21 @@ def test_calibrate_node_writes_the_calibration_the_sampler_then_uses(tmp_path):
         mine = next(m for m in listed if m["fingerprint"] == fingerprint)
         assert mine["calibrated"] and mine["measured_reuses"] == saved["measured_reuses"]
         assert mine["example"] == BASE
-        assert mine["probe_fraction"] == 0.1 and mine["other_probes"] == []
+        assert mine["probe_fraction"] == 0.05 and mine["other_probes"] == []
         assert mine["measured_steps"] == 8  # the steps it was calibrated at (the cache tab says so)
         # a calibration for another probe is listed beside it, never used for this one
-        other = dict(saved, probe_fraction=0.05)
-        (server.cache_dir / "calibration" / f"{fingerprint}.probe0.05.json").write_text(json.dumps(other))
+        other = dict(saved, probe_fraction=0.1)
+        (server.cache_dir / "calibration" / f"{fingerprint}.json").write_text(json.dumps(other))
         mine = next(m for m in server.get("/carnator/calibration")["models"] if m["fingerprint"] == fingerprint)
-        assert mine["calibrated"] and mine["other_probes"] == [0.05]
+        assert mine["calibrated"] and mine["other_probes"] == [0.1]
 
         # run again: the finished calibration refits from its measurements (no new pairs)
-        progress = (server.cache_dir / "calibration" / f"{fingerprint}.progress.jsonl").read_text()
+        progress = (server.cache_dir / "calibration" / f"{name}.progress.jsonl").read_text()
         wf = calibrate_workflow()
         wf["5"]["inputs"]["include_audits"] = False  # a changed input, so ComfyUI runs the node again
         again = server.run(wf, timeout=900)["outputs"]["5"]["text"][0]
         assert "5 prompt pairs" in again
-        assert (server.cache_dir / "calibration" / f"{fingerprint}.progress.jsonl").read_text() == progress
+        assert (server.cache_dir / "calibration" / f"{name}.progress.jsonl").read_text() == progress
 
         # the recipe for edits: M filled on its own tokens and widened; measured anew (the
         # measurements are kept per recipe), and the file the gate loads carries it
@@ -71,7 +73,7 @@ def test_calibrate_node_writes_the_calibration_the_sampler_then_uses(tmp_path):
         wf["5"]["inputs"].update(fill_region_on_its_tokens=True, region_margin=1)
         recipe = server.run(wf, timeout=900)["outputs"]["5"]["text"][0]
         assert "filled on its own tokens, widened by 1 tile(s) for edits; signed risk form" in recipe, recipe
-        saved = json.loads((server.cache_dir / "calibration" / f"{fingerprint}.json").read_text())
+        saved = json.loads((server.cache_dir / "calibration" / f"{name}.json").read_text())
         assert saved["region_fill_on_m"] and saved["region_margin"] == 1
-        assert (server.cache_dir / "calibration" / f"{fingerprint}.progress.jsonl").read_text() != progress
+        assert (server.cache_dir / "calibration" / f"{name}.progress.jsonl").read_text() != progress
 

@@ -15,7 +15,7 @@ from carnator_core.calibration import audit
 
 from carnator_core.calibration import pairs as prompt_pairs
 from carnator_core.calibration.status import known_fingerprints, model_status, status_line
-from carnator_core.gate import RiskModel, calibrated_steps, evidence_class, risk_model_for
+from carnator_core.gate import UNNAMED_PROBE_FRACTION, RiskModel, calibrated_steps, evidence_class, risk_model_for
 from carnator_core.calibration.risk_control import min_accepted
 from carnator_core.calibration.generic import Tolerance, calibrate, load_progress, progress_path, report_text
 
@@ -185,7 +185,7 @@ def test_calibration_resumes_after_an_interruption_and_writes_the_gates_file(tin
     assert made == []  # a finished calibration refits without measuring
     st = model_status(tmp_path, fp)
     assert st["calibrated"] and st["where"] == "cache"
-    assert "calibrated (" in status_line(st, 0.05)
+    assert "calibrated for probe_fraction 0.1 (" in status_line(st, 0.05)  # not the samplers' default
 
 
 def test_the_cache_tab_lists_calibrations_by_the_names_the_gate_reads(tmp_path):
@@ -260,7 +260,7 @@ def test_a_calibration_at_another_n_is_kept_beside_the_first_and_used_at_its_n(t
 
     _, request = requests_in(model, "wan21", PROMPT)  # these requests sample 10 steps
     assert request.steps_total == 10
-    assert "gate: calibrated (" in request.calibration and "measured at" not in request.calibration, request.text()
+    assert "gate: calibrated for probe_fraction 0.1 (" in request.calibration and "measured at" not in request.calibration, request.text()
     at_twelve = status_line(model_status(folder, fp, steps=12), 0.05, 12)
     assert "measured at 8 steps: at 12 the depths carry over" in at_twelve
 
@@ -335,15 +335,16 @@ def test_audits_are_kept_apart_per_probe_and_an_older_file_gains_the_column(tmp_
     tol = Tolerance(30.0, "latent")
     with audit.AuditLog(tmp_path) as log:
         log.record("fpA", "c1", 0.05, OTHER, None, 8, 20, 20.0, 1, "latent", probe_fraction=0.05)
-        default, short = log.audit_instances("fpA", tol), log.audit_instances("fpA", tol, 0.05)
-    assert [i["depths"][0]["psnr"] for i in default] == [35.0]  # the older audit: the default probe
+        unnamed = log.audit_instances("fpA", tol, UNNAMED_PROBE_FRACTION)
+        short = log.audit_instances("fpA", tol, 0.05)
+    assert [i["depths"][0]["psnr"] for i in unnamed] == [35.0]  # the older audit: the probe of then
     assert [i["depths"][0]["psnr"] for i in short] == [20.0]
-    assert audit.calibration_id(RiskModel()) == "prior"
+    assert audit.calibration_id(RiskModel(probe_fraction=UNNAMED_PROBE_FRACTION)) == "prior"
     assert audit.calibration_id(RiskModel(probe_fraction=0.05)) == "prior@probe0.05"
-    # a calibration of the default probe keeps the id it had before probes were recorded
-    # (taken from that version), so the levels its audits tightened still apply
+    # a calibration of the probe files were measured with before probes were recorded keeps
+    # the id it had then (taken from that version), so the levels its audits tightened still apply
     before = RiskModel(calibrated=True, source="fitted before probes were recorded", measured_reuses=10,
-                       thresholds={"other": {"0.05": -2.0}})
+                       thresholds={"other": {"0.05": -2.0}}, probe_fraction=UNNAMED_PROBE_FRACTION)
     assert audit.calibration_id(before) == "8ffb30875a8fc0ef"
     assert audit.calibration_id(RiskModel(**{**before.__dict__, "probe_fraction": 0.05})) != "8ffb30875a8fc0ef"
 

@@ -14,6 +14,7 @@ from carnator_core.calibration.generic import progress_path, report_text
 from carnator_core.calibration.meter import ComputeMeter, CostLedger, PairCost, pair_cost
 from carnator_core.calibration.tolerance import Tolerance
 from carnator_core.comfy_adapter import attach_meter, calibrate_model, model_fingerprint
+from carnator_core.gate import calibration_file
 from carnator_core.pipeline import ReuseSettings
 
 STEPS = 8
@@ -59,7 +60,7 @@ def test_a_calibrations_metered_cost_is_the_rule_on_its_records(wan21, tmp_path,
     _, report = calibrate_model(wan21, None, {"samples": torch.zeros(SHAPE)}, prompt_pairs.pairs(n=2, seed=0),
                                 STEPS, 4.0, "euler", "simple", Tolerance(30.0, "latent"), str(tmp_path),
                                 settings, log=lambda line: None)
-    progress = progress_path(tmp_path / "calibration" / f"{model_fingerprint(wan21)}.json")
+    progress = progress_path(calibration_file(tmp_path, model_fingerprint(wan21), settings.probe_fraction))
     rows = [json.loads(line) for line in progress.read_text().splitlines()]
     assert len(rows) == 2 and all(r["cost"]["by"] == "meter" for r in rows)
     for r in rows:
@@ -89,7 +90,7 @@ def test_a_budget_stops_the_calibration_and_a_larger_one_continues_it(wan21, req
     assert "stopped by the budget of 10 generation-equivalents after 2 of 4 pairs" in text, text
     assert "again with a larger budget and it continues" in text
     fp = model_fingerprint(wan21)
-    progress = progress_path(folder / "calibration" / f"{fp}.json")
+    progress = progress_path(calibration_file(folder, fp, settings.probe_fraction))
     assert len(progress.read_text().splitlines()) == 2
 
     meter = ComputeMeter()  # counts what the second run computes, independently of it

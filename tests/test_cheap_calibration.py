@@ -9,11 +9,12 @@ import pytest
 import torch
 
 from carnator_core.calibration import cheap
+from carnator_core.calibration import pairs as prompt_pairs
 from carnator_core.calibration.meter import ComputeMeter
 from carnator_core.calibration.risk_control import certify
 from carnator_core.calibration.tolerance import Tolerance
 from carnator_core.comfy_adapter import attach_meter, calibrate_model, model_fingerprint
-from carnator_core.gate import RiskModel
+from carnator_core.gate import RiskModel, calibration_file
 from carnator_core.pipeline import ReuseSettings
 
 BUDGETS = cheap.CHEAP_BUDGETS
@@ -26,7 +27,8 @@ def transferred(same_scene=0.8, other=0.0) -> RiskModel:
     table = lambda lam: {f"{a:g}": lam for a in BUDGETS}  # noqa: E731
     return RiskModel(thresholds={"same_scene": table(same_scene), "same_scene:guided": table(same_scene),
                                  "other": table(other)},
-                     finish_calls={"same_scene": 4}, calibrated=True, source="synthetic ranking")
+                     finish_calls={"same_scene": 4}, calibrated=True, source="synthetic ranking",
+                     probe_fraction=ReuseSettings().probe_fraction)  # learned with the samplers' probe
 
 
 def pair_row(group: int, labels: tuple[int, int]) -> dict:
@@ -127,7 +129,7 @@ def test_the_budget_stops_it_and_a_larger_one_resumes_without_measuring_again(wa
     spent (the pair that crossed it finished), only the gate's decisions are labelled, and a
     rerun with a larger budget measures only the pairs not measured yet."""
     folder, latent = tmp_path / "cache", {"samples": torch.zeros(SHAPE)}
-    pairs = cheap.pool(cheap.prompt_pairs.BUILTIN_PROMPTS, 6, seed=3)
+    pairs = cheap.pool(prompt_pairs.BUILTIN_PROMPTS, 6, seed=3)
     ranking = transferred(same_scene=0.75, other=1.0)
     lines: list[str] = []
 
@@ -139,8 +141,8 @@ def test_the_budget_stops_it_and_a_larger_one_resumes_without_measuring_again(wa
     first = calibrate(6.0)
     cost = first["cost"]
     assert cost["stopped_by_budget"] and cost["pairs_measured_now"] == first["pairs"] < len(pairs)
-    rows = [json.loads(x) for x in cheap.cheap_progress_path(
-        folder / "calibration" / f"{model_fingerprint(wan21)}.json").read_text().splitlines()]
+    rows = [json.loads(x) for x in cheap.cheap_progress_path(calibration_file(
+        folder, model_fingerprint(wan21), ranking.probe_fraction)).read_text().splitlines()]
     assert len(rows) == first["pairs"]
     assert 6.0 <= first["cost_generations"] <= 6.0 + rows[-1]["cost"]["generations"] + 1e-6
     for row in rows:  # a label where a ladder point decides, nowhere else

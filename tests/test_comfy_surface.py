@@ -37,7 +37,8 @@ def test_the_host_offers_what_the_pack_uses(kind, where, what, read):
 def test_the_list_names_every_comfy_module_the_adapter_imports():
     """A new import in the adapter must come with its entries here."""
     from pathlib import Path
-    adapter = (Path(__file__).resolve().parent.parent / "carnator_core" / "comfy_adapter.py").read_text()
+    adapter = "\n".join(f.read_text() for f in
+                        (Path(__file__).resolve().parent.parent / "carnator_core" / "comfy_adapter").glob("*.py"))
     listed = {where for kind, where, _, _ in SURFACE if kind != "literal"}
     imported = {line.split()[1] for line in adapter.splitlines()
                 if line.strip().startswith("import comfy") and len(line.split()) >= 2}

@@ -1,4 +1,4 @@
-"""The online certificate in the request flow (calibration/online.py, pipeline._audited).
+"""The online certificate in the request flow (calibration/online.py, served_audits.after_audits).
 
 Requests run on the bundled tiny Wan model through ComfyUI's own sampler; the calibration is
 a file written for the model whose thresholds sit between the logits of the request's own
@@ -44,11 +44,13 @@ def calibrated(tiny_models, requests_in):
     prior = RiskModel()
     z = {k: prior.logit({**plan.features, "depth_fraction": k / 10}) for k in (2, 3, 4, 6, 7, 8)}
     lam = [(z[2] + z[3]) / 2, (z[3] + z[4]) / 2, (z[4] + z[6]) / 2, (z[7] + z[8]) / 2]
+    probe_fraction = requests_in.settings.probe_fraction  # the calibration is for the requests' probe
     cal = RiskModel(calibrated=True, source="written for this test", measured_reuses=400, confidence=0.9,
+                    probe_fraction=probe_fraction,
                     tolerance={"psnr_bound": 30.0, "space": "latent"},
                     thresholds={"other": dict(zip(BUDGETS, lam)), "same_scene": {"0.2": 0.3}})
     fp = model_fingerprint(model)
-    path = calibration_file(requests_in.cache_folder, fp)
+    path = calibration_file(requests_in.cache_folder, fp, probe_fraction)
     path.parent.mkdir(parents=True, exist_ok=True)
     cal.save(path)
     audit.AuditLog(requests_in.cache_folder).close()

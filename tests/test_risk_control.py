@@ -215,15 +215,18 @@ def test_the_tiny_world_s_bundled_one_step_calibration_is_the_joint_edit_recipe(
     own, shallower threshold, or none."""
     import json
     from pathlib import Path
-    from carnator_core.gate import calibration_file, option_key
+    from carnator_core.gate import calibration_file, class_of_option, option_key
     root = Path(__file__).resolve().parent.parent
     fingerprint = json.loads((root / "bench/results/tinyworld.json").read_text())["settings"]["fingerprint"]
     model = RiskModel.load(calibration_file(root / "models", fingerprint, 0.05))
     assert model.calibrated and model.probe_fraction == pytest.approx(0.05)
     assert model.finish_region == {"other": True} and model.finish_calls["other"] == 4
     assert model.region_fill_on_m and model.region_margin == 1 and model.measured_steps == 20
-    assert all(model.threshold_for(0.05, klass) for klass in EVIDENCE_CLASSES)
-    for alpha in (0.02, 0.05, 0.1):  # same-scene reuse is certified from 5% on, edits from 2%
-        for klass in EVIDENCE_CLASSES:
-            finished = option_key(klass, model.finish_calls[klass])
-            assert model.threshold_for(alpha, finished) == model.threshold_for(alpha, klass), (alpha, klass)
+    # the cells: same-scene evidence, and edits per share of the tokens their reuse recomputes
+    cells = [key for key in model.thresholds if ":" not in key]
+    for klass in EVIDENCE_CLASSES:
+        assert any(model.threshold_for(0.05, c) for c in cells if class_of_option(c) == klass), klass
+    for alpha in (0.02, 0.05, 0.1):
+        for cell in cells:
+            finished = option_key(cell, model.finish_calls[class_of_option(cell)])
+            assert model.threshold_for(alpha, finished) == model.threshold_for(alpha, cell), (alpha, cell)

@@ -300,3 +300,23 @@ def test_the_easycache_calibration_is_found_in_either_folder_or_refused(tmp_path
         tw.easycache_risk_model(str(tmp_path / "ec"), "fp_plain", 0.05)
     with pytest.raises(SystemExit, match="probe 0.1"):
         tw.easycache_risk_model(str(tmp_path / "ec"), "fp_eased", 0.1)
+
+
+def test_the_readme_results_table_is_the_one_the_result_file_gives():
+    """The README's headline table is bench/report.py --headline on bench/results/tinyworld.json,
+    which holds the bundled model at the default settings."""
+    report = repo_scripts.load("bench/report.py", "bench_report")
+    res = json.loads((REPO / "bench" / "results" / "tinyworld.json").read_text())
+    from carnator_core.gate import DEFAULT_PROBE_FRACTION, calibration_in_use
+    settings = res["settings"]
+    assert settings["fingerprint"] == "0706ef2962b7d36f497afe0f24c29ec0"  # the bundled tiny world
+    assert settings["probe_fraction"] == DEFAULT_PROBE_FRACTION
+    used = REPO / settings["calibration"]["path"]
+    assert used == calibration_in_use(REPO / "models", settings["fingerprint"], DEFAULT_PROBE_FRACTION,
+                                      settings["steps"])
+    import hashlib
+    assert hashlib.sha256(used.read_bytes()).hexdigest() == settings["calibration"]["sha256"]
+    table = report.headline_table(res)
+    readme = (REPO / "README.md").read_text()
+    assert table in readme, table
+    assert len(table.splitlines()) >= 4  # header, rule and at least serve and iterate

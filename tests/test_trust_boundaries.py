@@ -14,7 +14,7 @@ import pytest
 from carnator_core.cache.backend import DATABASES_ENV, URL_ENV, database_location, open_cache
 from carnator_core.cache.files import CacheError
 from carnator_core.calibration.status import model_status, status_line
-from carnator_core.gate import RiskModel
+from carnator_core.gate import DEFAULT_PROBE_FRACTION, RiskModel, calibration_file
 from pg_cluster import PgCluster, pg_bin
 
 REPO = Path(__file__).resolve().parent.parent
@@ -150,15 +150,17 @@ def _all_thresholds(value):
     return change
 
 
-MALFORMED = {  # what is wrong → the field the message must name
+# what is wrong → the field the message must name (the bundled file certifies edits per share
+# cell: "other/25" is those recomputing up to a quarter of the tokens)
+MALFORMED = {
     "bias as text": (_set(["bias"], "x"), "'bias'"),
     "a weight null": (_set(["weights", "outside_mean"], None), "'weights.outside_mean'"),
-    "a threshold as text": (_set(["thresholds", "other", "0.2"], "x"), "'thresholds.other.0.2'"),
+    "a threshold as text": (_set(["thresholds", "other/25", "0.2"], "x"), "'thresholds.other/25.0.2'"),
     "thresholds as a list": (_set(["thresholds"], [0.1, 0.2]), "'thresholds'"),
     "tolerance as text": (_set(["tolerance"], "30 dB"), "'tolerance'"),
-    "thresholds all infinite": (_all_thresholds(math.inf), "'thresholds.other.0.2'"),
+    "thresholds all infinite": (_all_thresholds(math.inf), "'thresholds.other/25.0.2'"),
     "bias NaN": (_set(["bias"], math.nan), "'bias'"),
-    "thresholds not monotone": (_set(["thresholds", "other"], {"0.2": 5.0, "0.5": -5.0}), "'thresholds.other'"),
+    "thresholds not monotone": (_set(["thresholds", "other/25"], {"0.2": 5.0, "0.5": -5.0}), "'thresholds.other/25'"),
     "an unknown format": (_set(["format_version"], 99), "'format_version'"),
 }
 
@@ -173,20 +175,22 @@ def test_a_malformed_calibration_file_falls_back_to_the_prior_and_names_the_fiel
     model = tiny_models["wan21"]
     fingerprint = requests_in.run_obj(model, "wan21", PROMPT).fingerprint()
     assert fingerprint == TINY_WAN_FINGERPRINT  # the bundled calibration below is this model's
-    data = json.loads((REPO / "models" / "calibration" / f"{fingerprint}.json").read_text())
+    requests_in.settings.probe_fraction = DEFAULT_PROBE_FRACTION  # the probe it is calibrated for
+    bundled = calibration_file(REPO / "models", fingerprint, DEFAULT_PROBE_FRACTION)
+    data = json.loads(bundled.read_text())
     change(data)
     calibration = Path(requests_in.cache_folder) / "calibration"
     calibration.mkdir(parents=True)
-    (calibration / f"{fingerprint}.json").write_text(json.dumps(data))
+    (calibration / bundled.name).write_text(json.dumps(data))
 
     _, stored = requests_in(model, "wan21", PROMPT)
     _, asked = requests_in(model, "wan21", RELATED)
     for s in (stored, asked):
         assert s.outcome in ("miss", "hit"), s.text()
         assert "uncalibrated prior" in s.calibration and field in s.calibration, s.calibration
-        assert f"{fingerprint}.json" in s.calibration
+        assert bundled.name in s.calibration
         assert "certified" not in s.text()
-    status = model_status(requests_in.cache_folder, fingerprint)
+    status = model_status(requests_in.cache_folder, fingerprint, probe_fraction=DEFAULT_PROBE_FRACTION)
     assert not status["calibrated"] and field in status["problem"]
     assert "uncalibrated prior" in status_line(status, 0.25)
 

@@ -177,7 +177,7 @@ class CachePanel {
   gates() {
     const rows = this.calibration.map((m) => {
       const tol = m.tolerance;
-      // a calibration holds for the probe_fraction it was measured with (10% unless named)
+      // a calibration holds for the probe_fraction it was measured with (the row: the samplers' default)
       const others = (m.other_probes ?? []).length ? ` · also for probe_fraction ${m.other_probes.join(", ")}` : "";
       // a calibration measured at one N is the one the gate uses at that N (and probe)
       const atN = (m.calibrated_steps ?? []).map((c) => `${c.steps} steps` +

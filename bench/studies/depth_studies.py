@@ -92,7 +92,8 @@ def with_step0(instances: list[dict]) -> list[dict]:
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--instances", nargs="+",
-                    default=sorted(glob.glob(os.path.join(RESULTS, "calibration_measurements.*.jsonl"))))
+                    default=sorted(glob.glob(os.path.join(RESULTS, "studies", "caption_model",
+                                                       "calibration_measurements.*.jsonl"))))
     ap.add_argument("--fill", nargs="*", default=[], help="measurements with a region fill")
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--probe", type=int, default=2)

@@ -34,7 +34,7 @@ Then the calibration's verdict on the finish this study points to (6 calls), on 
 calibration directions with the whole tolerance (PSNR and the checker):
 
     nice .venv/bin/python bench/calibrate.py --other-finish-calls 6 --shard 0/2 \
-        --add-guided-finish bench/results/calibration_measurements.*-of-2.jsonl --results out/cal_other
+        --add-guided-finish bench/results/studies/caption_model/calibration_measurements.*-of-2.jsonl --results out/cal_other
     (the same with --shard 1/2; the guided reuses alone: bench/results/studies/other_guided_finish.jsonl)
     .venv/bin/python bench/studies/region_finish_study.py --calibration-labels \
         bench/results/studies/other_guided_finish.jsonl     # → studies/other_guided_finish.json
@@ -125,7 +125,8 @@ def calibration_verdict(guided_file: str, out: str) -> dict:
     thresholds Learn-then-Test certifies when the calibration holds both."""
     from carnator_core.calibration import fit as CAL
     from carnator_core.gate import RiskModel, evidence_class
-    paths = [os.path.join(RESULTS, f"calibration_measurements.{i}-of-2.jsonl") for i in (0, 1)]
+    paths = [os.path.join(RESULTS, "studies", "caption_model", f"calibration_measurements.{i}-of-2.jsonl")
+             for i in (0, 1)]
     instances = [i for p in paths for i in CAL.load_instances(p)]
     guided = {(str(g["group"]), g["prompt"], g["candidate_prompt"]): g["depths"]
               for g in CAL.load_instances(guided_file)}

@@ -37,8 +37,8 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from ..gate import (DEFAULT_PROBE_FRACTION, EVIDENCE_CLASSES, RiskModel, class_of_option, evidence_class,
-                    same_probe)
+from ..gate import (EVIDENCE_CLASSES, UNNAMED_PROBE_FRACTION, RiskModel, class_of_option,
+                    evidence_class, same_probe)
 from .risk_control import clopper_pearson_lower, clopper_pearson_upper, min_accepted
 from .sequential import GridCertifier, audit_plan
 
@@ -95,13 +95,13 @@ def explore(key: str, now, beyond, audit_rate: float, explore_rate: float) -> di
 def calibration_id(model: RiskModel) -> str:
     """Which calibration the audits judge: the prior, or a digest of the fitted model."""
     if not model.calibrated:  # the prior's audits are kept apart per probe, as calibrations are
-        return "prior" if same_probe(model.probe_fraction, DEFAULT_PROBE_FRACTION) \
+        return "prior" if same_probe(model.probe_fraction, UNNAMED_PROBE_FRACTION) \
             else f"prior@probe{model.probe_fraction:g}"
     fields = asdict(model)
     del fields["rejected"]  # set on priors only; never part of a calibration
     # fields added since at their old meaning leave the digest calibrations had before them,
     # so the levels their audits tightened hold
-    if same_probe(fields["probe_fraction"], DEFAULT_PROBE_FRACTION):
+    if same_probe(fields["probe_fraction"], UNNAMED_PROBE_FRACTION):
         del fields["probe_fraction"]
     for name in ("region_fill_on_m", "region_margin", "measured_steps", "region_share_bounds"):
         if name in fields and not fields[name]:
@@ -185,7 +185,7 @@ class AuditLog:
     def record(self, fingerprint: str, calibration: str, alpha: float, features: dict,
                score: float | None, k: int, steps: int, psnr: float, label: int, space: str,
                entry_id: str | None = None, request: str | None = None,
-               probe_fraction: float = DEFAULT_PROBE_FRACTION, feeds: list[float] | None = None,
+               probe_fraction: float = UNNAMED_PROBE_FRACTION, feeds: list[float] | None = None,
                explored: bool = False) -> dict:
         """Store one audit; tighten its class if the audits at its level now show α broken.
         Returns the class's state (``interval`` plus level and what changed).
@@ -290,13 +290,13 @@ class AuditLog:
             f"{where} ORDER BY id", args).fetchall()
 
     def audit_instances(self, fingerprint: str, tolerance,
-                        probe_fraction: float = DEFAULT_PROBE_FRACTION) -> list[dict]:
+                        probe_fraction: float = UNNAMED_PROBE_FRACTION) -> list[dict]:
         """The audits as calibration instances (one labelled depth each), to refit with:
         those measured in the tolerance's space with this probe, labelled by its bound."""
         rows = [r[:5] for r in self.db.execute(
             "SELECT id, features, k, steps, psnr, probe_fraction FROM audits WHERE "
             "fingerprint=? AND space=?", (fingerprint, tolerance.space))
-            if same_probe(DEFAULT_PROBE_FRACTION if r[5] is None else r[5], probe_fraction)]
+            if same_probe(UNNAMED_PROBE_FRACTION if r[5] is None else r[5], probe_fraction)]
         out = []
         for i, feats, k, steps, psnr in rows:
             label = psnr < tolerance.psnr_bound

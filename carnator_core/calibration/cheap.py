@@ -46,22 +46,22 @@ import functools
 import hashlib
 import json
 import math
-import random
 import time
 from pathlib import Path
 from typing import Callable
 
 import torch
 
-from ..gate import (EVIDENCE_CLASSES, RiskModel, class_of_option, option_key, share_bin_text)
+from ..gate import (EVIDENCE_CLASSES, RiskModel, class_of_option, option_key)
 from ..pipeline import ReuseSettings
 from . import fit as CAL
-from . import pairs as prompt_pairs
 from .generic import (FullRun, _progress_rows, _say, append_progress, compute_pair, direction_evidence,
                       measure_reuse, metered_cost, pair_id, progress_path, psnr_outcome, reuse_depths)
-from .meter import ComputeMeter, CostLedger, PairCost, cost_text
+from .meter import ComputeMeter, CostLedger, PairCost
 from .sequential import RiskSequence
 from .tolerance import Tolerance
+from .pairs import PARAPHRASE_SHARE, pool, pool_from_text
+from .cheap_report import report_text
 
 # α ≤ 2% needs ~230 clean pairs in one cell with this test (~550 generation-equivalents):
 # beyond what a cheap calibration spends, so their (shallower, costlier) decisions are not
@@ -69,10 +69,6 @@ from .tolerance import Tolerance
 CHEAP_BUDGETS = (0.05, 0.1, 0.2, 0.3, 0.5)
 DELTA = 0.1
 CLUSTER = 2  # labels a pair can bring to one ladder point: its two directions
-# Paraphrases give same-scene evidence, whose decisions are deep (cheap to label) and rarely
-# fail: the cell a small budget can certify. Measured on the tiny world: ~50 clean pairs
-# certify α = 10% there, so at 70% paraphrases a budget of ~200 generation-equivalents does.
-PARAPHRASE_SHARE = 0.7
 
 
 # ------------------------------------------------------------------ the ladder
@@ -500,99 +496,11 @@ def cheap_progress_path(calibration_file: str | Path) -> Path:
     return p.with_name(p.name.replace(".progress.jsonl", ".cheap.progress.jsonl"))
 
 
-# ------------------------------------------------------------------ prompt pairs
-EDIT_KINDS = tuple(k for k in prompt_pairs.KINDS if k != "paraphrase") + prompt_pairs.MULTI_STEP
-
-
-def pool(base_prompts, n: int, paraphrase_share: float = PARAPHRASE_SHARE, seed: int = 0) -> list[dict]:
-    """``n`` pairs from ``pairs.edit``'s operators, each drawn alike and independently: a
-    paraphrase with probability ``paraphrase_share`` (same-scene evidence, the cheapest cell to
-    certify), else one edit kind (single, chain or session) uniformly. The first m pairs are
-    the same for any n ≥ m, so a larger budget continues the same sequence."""
-    base = [p.strip() for p in base_prompts if p and p.strip()]
-    if not base:
-        raise ValueError("no base prompts to derive calibration pairs from")
-    rng, out, tries = random.Random(seed), [], 0
-    while len(out) < n:
-        tries += 1
-        if tries > 50 * n + 100:
-            raise ValueError(f"only {len(out)} of {n} pairs could be derived from {len(base)} base prompts")
-        kind = "paraphrase" if rng.random() < paraphrase_share else rng.choice(EDIT_KINDS)
-        a = base[rng.randrange(len(base))]
-        if kind == "remove_object" and " and " not in a and "; " not in a:
-            a = prompt_pairs.edit(a, "add_object", rng) or a
-        b = prompt_pairs.edit(a, kind, rng, base)
-        if b is not None:
-            out.append({"a": a, "b": b, "kind": kind, "group": len(out)})
-    return out
-
-
-def pool_from_text(text: str, n: int, paraphrase_share: float = PARAPHRASE_SHARE, seed: int = 0) -> list[dict]:
-    """``pool`` from a user's prompt list (one per line; ``A || B`` lines are ignored here: a
-    cheap calibration draws its pairs itself, alike and independent). Empty: the built-in list."""
-    lines = [ln.strip() for ln in (text or "").splitlines()
-             if ln.strip() and not ln.startswith("#") and "||" not in ln]
-    return pool(lines or prompt_pairs.BUILTIN_PROMPTS, n, paraphrase_share, seed)
-
-
 def pairs_for_budget(budget_generations: float) -> int:
     """Pairs to plan for a budget: a pair costs at least its two full runs."""
     return max(2, math.ceil(budget_generations / 2.0) + 1)
 
 
-# ------------------------------------------------------------------ for a person
-def report_text(report: dict) -> str:
-    tol = report.get("tolerance") or {}
-    bounds = report.get("region_share_bounds") or []
-    lines = [f"cheap calibration of model {str(report.get('model_fingerprint', ''))[:12]}: "
-             f"{report['pairs']} prompt pairs → {report['measured_reuses']} reuses labelled, "
-             f"{report['exceeded_tolerance']} beyond tolerance (PSNR on {tol.get('space')} < "
-             f"{tol.get('psnr_bound')} dB); ranking transferred, thresholds certified per cell at "
-             f"{1 - report['delta']:.0%} confidence, each pair one cluster"]
-    for cell, rep in report["cells"].items():
-        lines += _cell_lines(share_bin_text(cell, bounds), rep, report["certified"].get(cell) or [])
-    if not any(report["certified"].values()):
-        lines.append("nothing certified: no calibration file written (the measurements are kept; run it "
-                     "again with a larger budget and it continues)")
-    else:
-        lines.append("a budget refused in a cell reuses nothing there at that budget (the gate says so)")
-    lines += [f"note: {diff}" for diff in report.get("recipe_differences", [])]
-    return "\n".join(lines + cost_text(report))
-
-
-def _cell_lines(what: str, rep: dict, certified: list[str]) -> list[str]:
-    if not rep["points"]:
-        return [f"{what}: refused (the transferred ranking offers no threshold here)"]
-    lines = []
-    by_threshold: dict[float, list[str]] = {}
-    for a in certified:
-        by_threshold.setdefault(rep["budgets"][a]["threshold"], []).append(f"{float(a):.0%}")
-    if by_threshold:
-        lines.append(f"{what}: certified α = " + "; ".join(
-            f"{', '.join(budgets)} (threshold {lam:.3g})" for lam, budgets in by_threshold.items()))
-    groups: dict[tuple, list[str]] = {}  # refused budgets with the same evidence, on one line
-    for a, r in rep["budgets"].items():
-        if r["threshold"] is None and "clusters" in r:
-            more = (f"≈ {r['more_generations']:.0f}" if r.get("more_generations")
-                    else f"at least {r['more_cell_pairs']} pairs like it" if r.get("more_cell_pairs") else "")
-            groups.setdefault((r["why"], r["clusters"], r["labels"], r["failures"], r.get("landed", 0)), []).append(
-                f"{float(a):.0%}" + (f" ({more})" if more else ""))
-    for (why, clusters, labels, failures, landed), budgets in groups.items():
-        seen = (f"{_n(clusters, 'pair')}, {failures} of {labels} beyond tolerance" if clusters
-                else f"{_n(landed, 'pair')} landed here" if landed else "no pair landed here yet")
-        unit = " more generation-equivalents" if any("≈" in b for b in budgets) else ""
-        first = budgets[0].replace(")", f"{unit})", 1) if unit else budgets[0]
-        lines.append(f"{what}: refused at {', '.join([first] + budgets[1:])}: {why} ({seen})")
-    absent = [f"{float(a):.0%}" for a, r in rep["budgets"].items() if r["threshold"] is None and "clusters" not in r]
-    if absent:
-        lines.append(f"{what}: the transferred ranking offers no threshold at {', '.join(absent)}")
-    return lines
-
-
-def _n(count: int, noun: str) -> str:
-    return f"{count} {noun}" + ("s" if count != 1 else "")
-
-
-__all__ = ["CHEAP_BUDGETS", "Ladder", "ladder_of", "ranking_for", "measure", "fit_rows", "certify_ladder",
-           "streams", "calibrate", "pool", "pool_from_text", "pairs_for_budget", "report_text",
-           "cheap_progress_path"]
+__all__ = ["CHEAP_BUDGETS", "PARAPHRASE_SHARE", "Ladder", "ladder_of", "ranking_for", "measure",
+           "fit_rows", "certify_ladder", "streams", "calibrate", "pool", "pool_from_text",
+           "pairs_for_budget", "report_text", "cheap_progress_path"]

@@ -17,7 +17,7 @@ import json
 import random
 from pathlib import Path
 
-from ..gate import (DEFAULT_PROBE_FRACTION, EVIDENCE_CLASSES, FEATURES, REGION_SHARE_BOUNDS, RiskModel,
+from ..gate import (UNNAMED_PROBE_FRACTION, EVIDENCE_CLASSES, FEATURES, REGION_SHARE_BOUNDS, RiskModel,
                    calibration_file, class_of_option, evidence_class, finish_allows, finish_calls_at,
                    finish_cost, option_key, share_cell)
 from .risk_control import certify, clopper_pearson_upper
@@ -296,7 +296,7 @@ def fit_and_certify(instances: list[dict], region_threshold: float, delta: float
                     holdout: float = CERTIFY_SHARE, form: str = "interaction",
                     max_region_fraction: float = 0.5, tolerance: dict | None = None,
                     alphas=(0.02, 0.05, 0.1),
-                    probe_fraction: float = DEFAULT_PROBE_FRACTION,
+                    probe_fraction: float = UNNAMED_PROBE_FRACTION,
                     joint: bool = False,
                     region_share_bounds=REGION_SHARE_BOUNDS) -> tuple[RiskModel, dict]:
     """The whole procedure on measured instances: split by pair, fit the ranking on one
@@ -412,7 +412,7 @@ def measured_region_margin(instances: list[dict]) -> int:
 
 
 def calibration_path(cache_folder: str | Path, model_fingerprint: str,
-                     probe_fraction: float = DEFAULT_PROBE_FRACTION) -> Path:
+                     probe_fraction: float = UNNAMED_PROBE_FRACTION) -> Path:
     """Where ``gate.risk_model_for`` looks for this model's risk model for this probe."""
     return calibration_file(cache_folder, model_fingerprint, probe_fraction)
 

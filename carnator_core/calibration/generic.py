@@ -374,7 +374,7 @@ def calibrate(make_run: Callable[[str, int], object], pairs: list[dict], setting
         # the budget stopped it before there was enough to fit: nothing is written but the
         # progress file, which the next run continues from
         report = _unfitted_report(instances, str(e), tolerance)
-        model = RiskModel()
+        model = RiskModel(probe_fraction=settings.probe_fraction)
     model.source = (f"generic calibration: {used} prompt pairs, {len(audits)} live audits, "
                     f"PSNR on {tolerance.space} ≥ {tolerance.psnr_bound:g} dB; " + model.source)
     report.update(model_fingerprint=fingerprint, pairs=used, audits_used=len(audits),

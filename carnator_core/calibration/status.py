@@ -9,7 +9,7 @@ import re
 from pathlib import Path
 
 from . import audit, online
-from ..gate import (CALIBRATION_NAME, DEFAULT_PROBE_FRACTION, RiskModel, calibrated_probes,
+from ..gate import (CALIBRATION_NAME, DEFAULT_PROBE_FRACTION, UNNAMED_PROBE_FRACTION, RiskModel, calibrated_probes,
                    calibrated_steps, calibration_in_use, gate_model_for, same_probe)
 
 
@@ -17,7 +17,7 @@ FINGERPRINT = re.compile(r"[0-9a-f]{32}")  # comfy_adapter.model_fingerprint's f
 
 
 def model_status(cache_folder: str | Path, fingerprint: str, model: RiskModel | None = None,
-                 probe_fraction: float = DEFAULT_PROBE_FRACTION, steps: int = 0) -> dict:
+                 probe_fraction: float = UNNAMED_PROBE_FRACTION, steps: int = 0) -> dict:
     """The gate's calibration and audits for one model fingerprint and probe (``model``: the
     risk model already loaded for them, so a request does not read the file twice; ``steps``:
     the request's N, where a calibration measured at that N is the one in use)."""
