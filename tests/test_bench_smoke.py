@@ -161,16 +161,16 @@ def test_many_steps_runner_parses_its_arguments():
 
 def test_online_certification_benchmark_smoke(tmp_path):
     """The replay of online certification: its options parse, and a short stream writes its JSON."""
-    assert run(["bench/online_certification.py", "--help"], timeout=180).startswith("usage:")
+    assert run(["bench/studies/online_certification.py", "--help"], timeout=180).startswith("usage:")
     target = tmp_path / "online.json"
-    run(["bench/online_certification.py", "--requests", "2000", "--budgets", "0.1", "--out", str(target)])
+    run(["bench/studies/online_certification.py", "--requests", "2000", "--budgets", "0.1", "--out", str(target)])
     r = json.loads(target.read_text())
     assert "REPLAY" in r["what"] and r["budgets"][0]["series"] and r["budgets"][0]["cost_generations"] > 0
 
 
 def test_cheap_calibration_benchmark_parses_its_arguments():
-    """bench/cheap_calibration.py starts: its options parse."""
-    printed = run(["bench/cheap_calibration.py", "--help"], timeout=180)
+    """bench/studies/cheap_calibration.py starts: its options parse."""
+    printed = run(["bench/studies/cheap_calibration.py", "--help"], timeout=180)
     assert printed.startswith("usage:") and "--budgets" in printed and "--paraphrase-share" in printed
 
 

@@ -52,7 +52,7 @@ def test_a_full_generation_reads_one_and_a_reuse_from_k_the_steps_left(wan21, re
 @pytest.mark.parametrize("recipe", ["default", "fill_on_m"])
 def test_a_calibrations_metered_cost_is_the_rule_on_its_records(wan21, tmp_path, recipe):
     """Fills of M, guided finishes and region finishes on M's tokens: what the model computed
-    equals what the records say (the rule bench/calibration_cost.py applies to old records)."""
+    equals what the records say (the rule bench/studies/calibration_cost.py applies to old records)."""
     settings = ReuseSettings()
     if recipe == "fill_on_m":
         settings = ReuseSettings(region_fill_on_m=True, region_margin=1, other_finish_calls=2,

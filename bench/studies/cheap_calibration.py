@@ -1,8 +1,8 @@
 """The cheap calibration (carnator_core/calibration/cheap.py) on the tiny world, read at growing
 budgets and checked on the full calibration's held-out measured pairs.
 
-    nice -n 10 .venv/bin/python bench/cheap_calibration.py            # measure to 400, read, write
-    .venv/bin/python bench/cheap_calibration.py --budgets 25 50       # re-read (nothing measured again)
+    nice -n 10 .venv/bin/python bench/studies/cheap_calibration.py            # measure to 400, read, write
+    .venv/bin/python bench/studies/cheap_calibration.py --budgets 25 50       # re-read (nothing measured again)
 
 One calibration, continued budget by budget as a user would continue it (25, then the same
 command at 50, 100, 200, 400: the progress file keeps what was measured), read after each: what
@@ -40,10 +40,9 @@ import random
 import sys
 import time
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-for p in (os.path.join(REPO, "tests"), REPO, os.path.join(REPO, "bench"), os.path.join(REPO, "scripts")):
-    if p not in sys.path:
-        sys.path.insert(0, p)
+from study_paths import REPO  # noqa: E402 - the repository, tests/ and bench/ on the path
+if os.path.join(REPO, "scripts") not in sys.path:
+    sys.path.append(os.path.join(REPO, "scripts"))
 
 from carnator_core.calibration import cheap  # noqa: E402
 from carnator_core.calibration import fit as CAL  # noqa: E402

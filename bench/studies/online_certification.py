@@ -1,7 +1,7 @@
 """Benchmark: certifying online from audits, replayed on measured reuses.
 
-    python bench/online_certification.py                       # the full replay (~1 min)
-    python bench/online_certification.py --requests 4000 --out /tmp/x.json   # smoke
+    python bench/studies/online_certification.py                       # the full replay (~1 min)
+    python bench/studies/online_certification.py --requests 4000 --out /tmp/x.json   # smoke
 
 Question: starting from a cheap calibration, do audits of live hits *extend* the gate's
 certified thresholds (deeper reuse) while the traffic allows it, step back when it drifts,
@@ -30,12 +30,11 @@ import argparse
 import importlib.util
 import json
 import random
-import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+from study_paths import REPO  # noqa: E402 - the repository on the path
+
+ROOT = Path(REPO)
 
 from carnator_core.calibration import fit  # noqa: E402
 from carnator_core.calibration.audit import ladder  # noqa: E402

@@ -1,13 +1,13 @@
 """What the committed calibrations cost, in generation-equivalents, from their measurement records.
 
-    .venv/bin/python bench/calibration_cost.py        # → bench/results/calibration_cost.json
+    .venv/bin/python bench/studies/calibration_cost.py        # → bench/results/calibration_cost.json
 
 One generation-equivalent is one full generation at the calibration's size and steps
 (``carnator_core/calibration/meter.py``). Per pair: its two full runs (request and candidate)
 plus, for every measured reuse, the steps after its depth it computed, its fill of region M and
 its calls on M's tokens at their share (``meter.pair_cost``, the rule the calibrations' own
 meter falls back to). Rows are keyed by model + procedure + workload + alpha + steps + budget
-(bench/cheap_calibration.py adds the cheap calibration's, one per budget): rows of other
+(bench/studies/cheap_calibration.py adds the cheap calibration's, one per budget): rows of other
 procedures already in the file are kept, rows of these keys replaced.
 """
 from __future__ import annotations
@@ -15,10 +15,8 @@ from __future__ import annotations
 import glob
 import json
 import os
-import sys
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)
+from study_paths import REPO  # noqa: E402,F401 - the repository on the path first
 
 from carnator_core.calibration.meter import pair_cost  # noqa: E402
 
@@ -109,8 +107,13 @@ def merge(rows: list[dict], path: str = OUT) -> dict:
     return data
 
 
-def main() -> dict:
-    data = merge(baseline_rows())
+def main(argv=None) -> dict:
+    import argparse
+    ap = argparse.ArgumentParser(description="What each committed calibration cost, in "
+                                 "generation-equivalents, read from its measurement files.")
+    ap.add_argument("--out", default=OUT, help="the JSON the rows are merged into")
+    a = ap.parse_args(argv)
+    data = merge(baseline_rows(), a.out)
     print(f"{'model':14s} {'procedure':13s} {'workload':20s} {'α':>5s} {'N':>3s} {'pairs':>6s} {'reuses':>7s} "
           f"{'cost (gen-eq)':>14s} {'per pair':>9s}")
     for r in data["rows"]:
@@ -118,7 +121,7 @@ def main() -> dict:
         print(f"{str(r['model'])[:12]:14s} {r['procedure']:13s} {str(r['workload'])[:20]:20s} {alpha:>5s} "
               f"{r['steps']:3d} {r['pairs']:6d} {r['measured_reuses']:7d} {r['cost_generations']:14,.1f} "
               f"{r.get('generations_per_pair') or 0:9.2f}")
-    print(f"wrote {os.path.relpath(OUT, REPO)}")
+    print(f"wrote {os.path.relpath(a.out, REPO)}")
     return data
 
 
