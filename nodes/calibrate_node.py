@@ -1,8 +1,11 @@
 """CarnatorCalibrate: calibrate the gate on the connected model."""
 from __future__ import annotations
 
+from pathlib import Path
+
 from comfy_api.latest import io
 
+from ..carnator_core.calibration import cheap
 from ..carnator_core.calibration import pairs as prompt_pairs
 from ..carnator_core.comfy_adapter import (SAMPLER_NAMES, SCHEDULER_NAMES, calibrate_model, model_file_names,
                                            default_cache_folder)
@@ -10,10 +13,13 @@ from ..carnator_core.calibration.generic import report_text
 from ..carnator_core.calibration.status import remember_model_names
 from ..carnator_core.calibration.tolerance import Tolerance
 from ..carnator_core.reuse.experts import WAN22_SWITCH_SIGMA
-from ..carnator_core.gate import DEFAULT_PROBE_FRACTION
+from ..carnator_core.gate import DEFAULT_PROBE_FRACTION, RiskModel
 from .inputs import expert_inputs
 from .settings import reuse_settings
 from .types import CacheConfig, node_id_of
+
+# the pack's bundled calibrations, where the cheap procedure finds the ranking it keeps
+BUNDLED_CALIBRATIONS = Path(__file__).resolve().parent.parent / "models" / "calibration"
 
 
 class CarnatorCalibrate(io.ComfyNode):
@@ -51,6 +57,8 @@ class CarnatorCalibrate(io.ComfyNode):
                                  tooltip="On a hit, compute region M (what the request changes) along its own trajectory on M's tokens instead of a coarse estimate: a few more model calls on part of the tokens, deeper reuse for edits. The calibration measures it, and hits of this model then do it."),
                 io.Int.Input("region_margin", default=0, min=0, max=4, optional=True,
                              tooltip="With fill_region_on_its_tokens: widen an edit's region M by this many tiles in space and time, so changes just outside what the probe saw are computed too."),
+                io.Combo.Input("procedure", options=["full", "cheap"], default="full", optional=True,
+                               tooltip="full: every depth of every pair measured and the risk model fitted on this model. cheap: the bundled tiny world's risk ranking kept and only its thresholds certified here, on the decisions the gate would take (with its recipe: probe_fraction 0.05, region M on its own tokens); about 200 generation-equivalents certified same-scene reuse at α = 10% on the tiny world, and edits are refused until enough labels exist (the report says how many more)."),
                 io.Float.Input("budget_generations", default=0.0, min=0.0, max=1e7, step=1.0, optional=True,
                                tooltip="Stop measuring new pairs once this much model work is spent, in generation-equivalents (1 = one full generation at these steps and size; a pair costs about 2 + 7). The pair in progress is finished, what was measured is fitted, and running it again with a larger budget continues. 0: no limit."),
             ],
@@ -64,21 +72,29 @@ class CarnatorCalibrate(io.ComfyNode):
                 scheduler, psnr_bound, include_audits, clip=None, vae=None,
                 cache=None, low_noise_model=None, switch_step=0,
                 switch_sigma=WAN22_SWITCH_SIGMA, probe_fraction=DEFAULT_PROBE_FRACTION,
-                fill_region_on_its_tokens=False, region_margin=0,
+                fill_region_on_its_tokens=False, region_margin=0, procedure="full",
                 budget_generations=0.0) -> io.NodeOutput:
         folder = (cache or {}).get("folder") or default_cache_folder()
-        settings = reuse_settings(probe_fraction=probe_fraction)
-        settings.region_fill_on_m = bool(fill_region_on_its_tokens)
-        settings.region_margin = int(region_margin) if fill_region_on_its_tokens else 0
+        transferred, text_of = None, report_text
+        if procedure == "cheap":  # the ranking's own recipe: its evidence means what it meant there
+            transferred = RiskModel.load(BUNDLED_CALIBRATIONS / cheap.BUNDLED_RANKING)
+            settings = cheap.settings_for(transferred, probe_fraction)
+            chosen, text_of = cheap.pool_from_text(prompts, pairs, seed=first_seed), cheap.report_text
+        else:
+            settings = reuse_settings(probe_fraction=probe_fraction)
+            settings.region_fill_on_m = bool(fill_region_on_its_tokens)
+            settings.region_margin = int(region_margin) if fill_region_on_its_tokens else 0
+            chosen = prompt_pairs.pairs_from_text(prompts, pairs, seed=first_seed)
         tolerance = Tolerance(psnr_bound, "frames" if vae is not None else "latent")
-        chosen = prompt_pairs.pairs_from_text(prompts, pairs, seed=first_seed)
         _, report = calibrate_model(model, clip, latent_image, chosen, steps, cfg, sampler_name,
                                     scheduler, tolerance, folder, settings, vae=vae, seed=first_seed,
                                     include_audits=include_audits, node_id=node_id_of(cls),
                                     low_noise_model=low_noise_model, switch_step=switch_step,
-                                    switch_sigma=switch_sigma, budget_generations=budget_generations)
+                                    switch_sigma=switch_sigma, budget_generations=budget_generations,
+                                    procedure="cheap" if transferred is not None else "generic",
+                                    transferred=transferred)
         names = model_file_names(cls.hidden.prompt, node_id_of(cls))
         if names and report.get("model_fingerprint"):  # the cache tab names it as it was loaded
             remember_model_names(folder, report["model_fingerprint"], names)
-        text = report_text(report)
+        text = text_of(report)
         return io.NodeOutput(text, ui={"text": [text]})

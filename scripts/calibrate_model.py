@@ -50,7 +50,7 @@ DEMO_EXPERTS = {"wan22_a14b": ("wan22_a14b_high", "wan22_a14b_low")}
 DEMO_STEPS, DEMO_CFG = 12, 4.0
 # The ranking the cheap procedure transfers by default: the bundled tiny world's calibration with
 # the deeper recipe (probe 0.05, M filled on its tokens and widened by a tile, region finish).
-TRANSFER = ROOT / "models" / "calibration" / "0706ef2962b7d36f497afe0f24c29ec0.probe0.05.json"
+TRANSFER = ROOT / "models" / "calibration" / "0706ef2962b7d36f497afe0f24c29ec0.probe0.05.json"  # cheap.BUNDLED_RANKING
 # Pairs per model: enough that the "other" evidence class certifies α = 20% (18 accepted
 # held-out reuses). HunyuanVideo's random weights put more pairs beyond the region limit.
 DEMO_PAIRS = {"wan21": 30, "hunyuan_video": 60, "ltxv": 30, "wan22_5b": 30,
@@ -83,7 +83,10 @@ def calibrate_one(model_path: str, latent: str, steps: int, cfg: float, pairs: i
         from carnator_core.calibration import cheap
         from carnator_core.gate import RiskModel
         transferred = RiskModel.load(transfer or TRANSFER)
-        settings = cheap_settings(transferred, probe_fraction)
+        try:
+            settings = cheap.settings_for(transferred, probe_fraction)
+        except ValueError as e:
+            raise SystemExit(f"{e} (or --transfer a calibration for that probe)") from e
         chosen = cheap.pool_from_text(prompts, pairs or cheap.pairs_for_budget(budget_generations or 120), seed=seed)
         text = cheap.report_text
     else:
@@ -99,20 +102,6 @@ def calibrate_one(model_path: str, latent: str, steps: int, cfg: float, pairs: i
     print(text(report))
     print(f"  {time.time() - t0:.0f} s, {report.get('cost_generations', 0):.1f} generation-equivalents")
     return report
-
-
-def cheap_settings(transferred, probe_fraction: float | None):
-    """The recipe the transferred ranking was learned with: its evidence and decisions mean
-    what they meant there (a probe given on the command line must be that one)."""
-    from carnator_core.pipeline import ReuseSettings
-    if probe_fraction is not None and abs(probe_fraction - transferred.probe_fraction) > 1e-9:
-        raise SystemExit(f"the transferred ranking was learned with probe_fraction {transferred.probe_fraction:g}, "
-                         f"not {probe_fraction:g}: drop --probe-fraction or transfer a calibration for that probe")
-    return ReuseSettings(probe_fraction=transferred.probe_fraction, region_fill_on_m=transferred.region_fill_on_m,
-                         region_margin=transferred.region_margin,
-                         same_scene_finish_calls=transferred.finish_calls.get("same_scene", 0),
-                         other_finish_calls=transferred.finish_calls.get("other", 0),
-                         other_finish_region=bool(transferred.finish_region.get("other")))
 
 
 def main() -> int:

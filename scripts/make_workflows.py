@@ -87,7 +87,7 @@ WIDGETS = {
                         + GATE_OPTIONAL + SPARSE_OPTIONAL + AUDIT_OPTIONAL + EXPERT_OPTIONAL
                         + FINISH_OPTIONAL + EXPLORE_OPTIONAL),
     "CarnatorCalibrate": CALIBRATE_WIDGETS + EXPERT_OPTIONAL + ["probe_fraction", "fill_region_on_its_tokens",
-                                                                 "region_margin", "budget_generations"],
+                                                                 "region_margin", "procedure", "budget_generations"],
     "SaveLatent": ["filename_prefix"],
     "CarnatorTinyWorldDecode": ["scale"],
     "SaveAnimatedWEBP": ["filename_prefix", "fps", "lossless", "quality", "method"],
@@ -152,7 +152,7 @@ def calibration_graph(backbone: str) -> dict[str, dict]:
                                     "psnr_bound": 30.0, "include_audits": True,
                                     "switch_step": 0, "switch_sigma": 0.875, "probe_fraction": PROBE_FRACTION,
                                     "fill_region_on_its_tokens": False, "region_margin": 0,
-                                    "budget_generations": 0.0}),
+                                    "procedure": "full", "budget_generations": 0.0}),
     }
     return {k: {"class_type": t, "inputs": i, "_meta": {"title": t}} for k, (t, i) in g.items()}
 

@@ -77,3 +77,26 @@ def test_calibrate_node_writes_the_calibration_the_sampler_then_uses(tmp_path):
         assert saved["region_fill_on_m"] and saved["region_margin"] == 1
         assert (server.cache_dir / "calibration" / f"{name}.progress.jsonl").read_text() != progress
 
+
+
+def test_the_cheap_procedure_keeps_the_bundled_ranking_within_its_budget(tmp_path):
+    """procedure "cheap" in the real server: the bundled tiny world's ranking is kept with its
+    recipe, the measurement stops at the budget, and the report is the cheap one (per cell,
+    what was certified or refused and what it cost); asked for another probe it refuses with
+    what to do instead."""
+    import pytest
+    with ComfyServer(tmp_path) as server:
+        wf = calibrate_workflow()
+        wf["5"]["inputs"].update(procedure="cheap", pairs=8, budget_generations=4.0)
+        report = server.run(wf, timeout=900)["outputs"]["5"]["text"][0]
+        assert report.startswith("cheap calibration of model"), report
+        assert "ranking transferred, thresholds certified per cell" in report, report
+        assert "stopped by the budget of 4 generation-equivalents" in report, report
+        files = sorted(p.name for p in (server.cache_dir / "calibration").iterdir())
+        # the ranking's probe, 0.05: its measurements are kept apart from a full calibration's
+        assert any(n.endswith(".probe0.05.cheap.progress.jsonl") for n in files), files
+
+        wf = calibrate_workflow()
+        wf["5"]["inputs"].update(procedure="cheap", pairs=8, budget_generations=4.0, probe_fraction=0.1)
+        with pytest.raises(RuntimeError, match="keeps a ranking learned with probe_fraction 0.05, not 0.1"):
+            server.run(wf, timeout=300)

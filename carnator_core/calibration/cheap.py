@@ -107,6 +107,25 @@ def ladder_of(transferred: RiskModel, budgets=CHEAP_BUDGETS) -> Ladder:
     return Ladder(points, start)
 
 
+# The ranking a cheap calibration keeps unless told otherwise: the bundled tiny world's
+# calibration for the default probe, in the pack's models/calibration/.
+BUNDLED_RANKING = "0706ef2962b7d36f497afe0f24c29ec0.probe0.05.json"
+
+
+def settings_for(transferred: RiskModel, probe_fraction: float | None = None) -> ReuseSettings:
+    """The recipe the transferred ranking was learned with (probe, fill of M, finishes): its
+    evidence and decisions mean here what they meant there. A probe asked for must be its."""
+    if probe_fraction is not None and abs(float(probe_fraction) - transferred.probe_fraction) > 1e-9:
+        raise ValueError(f"the cheap calibration keeps a ranking learned with probe_fraction "
+                         f"{transferred.probe_fraction:g}, not {float(probe_fraction):g}: calibrate with probe_fraction "
+                         f"{transferred.probe_fraction:g}, or with the full procedure for this probe")
+    return ReuseSettings(probe_fraction=transferred.probe_fraction, region_fill_on_m=transferred.region_fill_on_m,
+                         region_margin=transferred.region_margin,
+                         same_scene_finish_calls=transferred.finish_calls.get("same_scene", 0),
+                         other_finish_calls=transferred.finish_calls.get("other", 0),
+                         other_finish_region=bool(transferred.finish_region.get("other")))
+
+
 def ranking_for(transferred: RiskModel, settings: ReuseSettings, steps: int) -> RiskModel:
     """The transferred ranking with the recipe these pairs are measured with (finishes, fill
     of M, probe, N): what the gate will run and what the decisions are planned for."""
@@ -501,6 +520,6 @@ def pairs_for_budget(budget_generations: float) -> int:
     return max(2, math.ceil(budget_generations / 2.0) + 1)
 
 
-__all__ = ["CHEAP_BUDGETS", "PARAPHRASE_SHARE", "Ladder", "ladder_of", "ranking_for", "measure",
+__all__ = ["BUNDLED_RANKING", "CHEAP_BUDGETS", "settings_for", "PARAPHRASE_SHARE", "Ladder", "ladder_of", "ranking_for", "measure",
            "fit_rows", "certify_ladder", "streams", "calibrate", "pool", "pool_from_text",
            "pairs_for_budget", "report_text", "cheap_progress_path"]
