@@ -3,6 +3,7 @@
     .venv/bin/python bench/report.py             # reads bench/results/{tinyworld,calibration_report,localization}.json
     .venv/bin/python bench/report.py --headline  # the README's results table, from bench/results/tinyworld.json
     .venv/bin/python bench/report.py --budgets   # every workload at every budget (docs/results.md)
+    .venv/bin/python bench/report.py --why       # the requests no gate hit served, by why
 
 Prints; writes nothing. The numbers are whatever the last runs of bench/tinyworld.py,
 bench/calibrate.py and bench/studies/localization.py measured.
@@ -171,6 +172,18 @@ def budget_table(res: dict) -> str:
                      "PSNR on hits", "checker (system / full)"], rows)
 
 
+def why_table(res: dict) -> str:
+    """Per workload and budget, the requests no gate hit served, by why (gate.WHY_NOT), from
+    the results of runs that recorded it."""
+    rows = []
+    for wl, sweep in res["sweeps"].items():
+        for m in sweep["carnator"]:
+            if "not_reused" in m:
+                rows.append([wl, f"{m['risk_budget']:g}", m["requests"],
+                             ", ".join(f"{why} {n}" for why, n in m["not_reused"].items())])
+    return markdown(["workload", "α", "requests", "not served by a gate hit, by why"], rows)
+
+
 def calibration_table(rep: dict) -> str:
     rows = [[v["alpha"], v["accepted"], pct(v["false_accept_rate"]), pct(v["false_accept_upper95"]),
              v["holds"]] for v in rep["heldout"].values()]
@@ -185,6 +198,9 @@ def main() -> None:
         return
     if "--budgets" in sys.argv[1:]:
         print(budget_table(res))
+        return
+    if "--why" in sys.argv[1:]:
+        print(why_table(res))
         return
     if res:
         s = res["settings"]

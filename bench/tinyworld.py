@@ -508,6 +508,7 @@ def run_carnator(world: World, lines, refs, budget, risk_model_path, psnr_bound,
                      "region_fraction": s.region_fraction, "edit": ln.get("edit") or ln.get("kind"),
                      "session": ln.get("session"),
                      "entry_id": s.entry_id, "stored_id": s.stored_id, "features": tap.features(),
+                     "why": s.why, "reason": s.reason,  # why no reuse served it (gate.WHY_NOT)
                      "same_scene": (same_scene(ln["scene"], scene_of[s.entry_id])
                                     if s.outcome == "hit" and s.entry_id in scene_of else None)})
         if own_refs is not None:
@@ -516,6 +517,7 @@ def run_carnator(world: World, lines, refs, budget, risk_model_path, psnr_bound,
         if s.stored_id:
             scene_of[s.stored_id] = ln["scene"]
     m = metrics(recs, psnr_bound)
+    m["not_reused"] = not_reused(recs)
     if sparse:
         gate_hits = [r for r in recs if r["outcome"] == "hit"]
         engaged = [r for r in gate_hits if r["sparse_calls"]]
@@ -524,6 +526,15 @@ def run_carnator(world: World, lines, refs, budget, risk_model_path, psnr_bound,
         m["sparse_density_mean"] = (sum(r["sparse_density"] for r in engaged) / len(engaged)
                                     if engaged else None)
     return m, recs
+
+
+def not_reused(recs: list[dict]) -> dict[str, int]:
+    """The requests no gate hit served, counted by why (``gate.WHY_NOT``; exact repeats too)."""
+    out: dict[str, int] = {}
+    for r in recs:
+        if r["outcome"] != "hit":
+            out[r.get("why") or "?"] = out.get(r.get("why") or "?", 0) + 1
+    return dict(sorted(out.items(), key=lambda kv: -kv[1]))
 
 
 def pick_text_point(text_sweep: dict, target_hit_rate: float) -> float:

@@ -67,6 +67,26 @@ class GateSettings:
     recurring_sources: bool = True
 
 
+# Why a request was not served by a reuse, one code each (Plan.why; the reason in words beside
+# it): what a benchmark's records and an operator's report group misses by.
+WHY_NOT = {
+    "exact_repeat": "an exact repeat: its stored result returned",
+    "repeat_recomputed": "an exact repeat of a reuse, computed in full to become a source (recurring_sources)",
+    "no_cache": "the cache could not be opened",
+    "no_candidate": "no stored request of its compatibility class was close enough",
+    "no_evidence": "no candidate had evidence at this probe step",
+    "region_too_large": "region M beyond max_region_fraction: mostly a new request",
+    "no_depth": "no snapshot depth between min_depth and max_depth",
+    "not_certified": "its calibration certified no depth for this evidence at this budget",
+    "whole_frame": "widened region M covers the whole frame",
+    "risk": "predicted risk over the budget at every allowed depth",
+    "min_saving": "the best reuse saves less than min_saving",
+    "recurring_source": "the scene was asked before: computed in full to become its source",
+    "explored": "explored one ladder point beyond: computed and served in full",
+    "snapshot_lost": "the accepted entry's snapshot could not be read: ran as a miss",
+}
+
+
 @dataclass
 class Plan:
     """The gate's decision for one request."""
@@ -79,6 +99,8 @@ class Plan:
     similarity: float | None = None
     features: dict[str, float] | None = None
     reason: str = ""
+    # why it is no reuse, as one of WHY_NOT (the reason in words beside it); "" on a hit
+    why: str = ""
     finish_calls: int = 0                  # 0: every step after k*; else a guided finish's calls
     finish_region: bool = False            # the guided finish computes M's tokens between its calls
 
@@ -165,12 +187,12 @@ def decide(new: EarlySignature, candidates: list[tuple[str, EarlySignature, floa
         feats["reuse_share"] = region_share(region) if bool(region.any()) else 0.0
         base = dict(entry_id=entry_id, region_tiles=region, similarity=sim)
         if feats["region_fraction"] > settings.max_region_fraction:
-            verdicts.append(Plan(False, features=feats, reason=region_reason(
+            verdicts.append(Plan(False, features=feats, why="region_too_large", reason=region_reason(
                 feats["region_fraction"], settings.max_region_fraction), **base))
             continue
         depths = sorted((k for k in snapshot_steps if lo <= k <= hi), reverse=True)
         if not depths:
-            verdicts.append(Plan(False, features=feats, reason=depth_reason(
+            verdicts.append(Plan(False, features=feats, why="no_depth", reason=depth_reason(
                 settings, lo, hi, probe_steps, steps), **base))
             continue
         guided = settings.guided_finish and (stored_x0[0] if stored_x0 else True)
@@ -178,14 +200,14 @@ def decide(new: EarlySignature, candidates: list[tuple[str, EarlySignature, floa
     accepted = [p for p in verdicts if p.accept]
     if not accepted:
         if not verdicts:
-            return Plan(False, reason="no candidates"), verdicts
+            return Plan(False, why="no_candidate", reason="no candidates"), verdicts
         return verdicts[0], verdicts  # the best-ranked candidate's verdict explains the miss
     accepted.sort(key=lambda p: (_cost(p, steps), p.risk))
     best = accepted[0]
     saving = hit_saving(best, steps, probe_steps, fill_calls, fill_on_m)
     if saving < settings.min_saving:
         return Plan(False, entry_id=best.entry_id, risk=best.risk, similarity=best.similarity,
-                    features=best.features, region_tiles=best.region_tiles, reason=(
+                    features=best.features, region_tiles=best.region_tiles, why="min_saving", reason=(
                         f"the best reuse (k*={best.reuse_step}) saves {saving:.0%} of the steps, "
                         f"less than min_saving {settings.min_saving:.0%}: computed in full, so "
                         "this request becomes a reuse source for later ones")), verdicts
@@ -247,7 +269,7 @@ def _deepest_acceptable(feats: dict[str, float], depths: list[int], steps: int,
                    "not extrapolated; calibrate with pairs whose edits cover that much of the frame")
         else:
             why = "none is: raise the budget or re-calibrate"
-        return Plan(False, features=feats, reason=(
+        return Plan(False, features=feats, why="not_certified", reason=(
             f"no depth is certified at risk budget {alpha:.1%} for {what} on this model "
             f"({why})"), **base)
     how = (f"{what}, certified at budget {certified[0]:.1%} with "
@@ -255,7 +277,7 @@ def _deepest_acceptable(feats: dict[str, float], depths: list[int], steps: int,
     region = bool(finish_calls and model.finish_region.get(klass))
     tiles = base.get("region_tiles")
     if region and tiles is not None and bool(tiles.all()):  # widened M is the whole frame
-        return Plan(False, features=feats, reason=(
+        return Plan(False, features=feats, why="whole_frame", reason=(
             "region M covers the whole frame: a region finish would compute every token"), **base)
     for k in depths:
         f = {**feats, "depth_fraction": k / steps}
@@ -269,6 +291,6 @@ def _deepest_acceptable(feats: dict[str, float], depths: list[int], steps: int,
                         finish_region=region, reason=f"risk {r:.1%} at k*={k} ({how}{finish})", **base)
     f = {**feats, "depth_fraction": depths[-1] / steps}
     r = model.risk(f)
-    return Plan(False, risk=r, features=f, reason=(
+    return Plan(False, risk=r, features=f, why="risk", reason=(
         f"predicted risk {r:.1%} at the shallowest depth {depths[-1]} is not within the "
         f"budget {alpha:.1%}"), **base)

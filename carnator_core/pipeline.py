@@ -115,19 +115,19 @@ def gate(pr: ProbeResult, found: LookupResult, risk_model: RiskModel,
     pr.gate_model, pr.settings.gate = risk_model, settings
     pr.gate_used, pr.exploring = risk_model, None
     if pr.exact_latent is not None and not pr.serves_stored:
-        return Plan(False, reason=(
+        return Plan(False, why="repeat_recomputed", reason=(
             f"exact repeat of entry {pr.exact_entry.id[:8]}, which was served by reusing entry "
             f"{pr.exact_entry.source_entry[:8]}: computed in full once, to become its own source "
             f"(recurring_sources)")), []
     if pr.exact_latent is not None:
-        return Plan(False, entry_id=pr.exact_entry.id,
+        return Plan(False, entry_id=pr.exact_entry.id, why="exact_repeat",
                     reason=f"exact repeat of entry {pr.exact_entry.id[:8]}: its stored result is "
                            "returned, nothing to gate"), []
     if not found.candidates:
-        return Plan(False, reason=f"no candidates: {found.message}"), []
+        return Plan(False, why="no_candidate", reason=f"no candidates: {found.message}"), []
     comparable = comparable_candidates(pr, found)
     if not comparable:
-        return Plan(False, reason="no candidate has evidence at this probe step"), []
+        return Plan(False, why="no_evidence", reason="no candidate has evidence at this probe step"), []
     model, budget, note, beyond = after_audits(pr, risk_model, settings.risk_budget)
     settings = replace(settings, risk_budget=budget)
     pr.gate_used = model
@@ -197,7 +197,7 @@ def recurring_scene(pr: ProbeResult, plan: Plan, model: RiskModel,
     if would <= now:
         return None
     return Plan(False, entry_id=plan.entry_id, risk=plan.risk, similarity=plan.similarity,
-                features=plan.features, region_tiles=plan.region_tiles, reason=(
+                features=plan.features, region_tiles=plan.region_tiles, why="recurring_source", reason=(
                     f"this scene was asked before (request {best.entry_id[:8]}, served by reuse, "
                     f"so no source): computed in full to become its source — its later requests "
                     f"save {would:.0%} of the steps, where reusing entry {plan.entry_id[:8]} "
@@ -208,7 +208,7 @@ def lookup_and_gate(pr: ProbeResult) -> tuple[Plan, LookupResult]:
     """Lookup, then the gate with this model's calibrated risk model (or the prior)."""
     found = lookup(pr)
     if pr.cache is None:
-        return Plan(False, reason=pr.cache_message or "cache unavailable"), found
+        return Plan(False, why="no_cache", reason=pr.cache_message or "cache unavailable"), found
     return gate(pr, found, calibrated_risk_model(pr))[0], found
 
 
@@ -228,7 +228,7 @@ def reuse(pr: ProbeResult, plan: Plan) -> tuple[torch.Tensor, Summary]:
         # the probe ran only where a full run was open and the gate then chose the stored result
         probed = pr.probe_steps if pr.x_probe is not None else 0
         s = Summary("exact", n, probed, pr.probe_calls, pr.seconds + time.perf_counter() - t0,
-                    entry_id=pr.exact_entry.id, reason="exact repeat of a stored request")
+                    entry_id=pr.exact_entry.id, reason="exact repeat of a stored request", why="exact_repeat")
         s.expert_calls = ({k: pr.probe_expert_calls.get(k, 0) for k in _expert_calls(run)}
                           or None)
         _finish_summary(pr, s, [])
@@ -240,7 +240,7 @@ def reuse(pr: ProbeResult, plan: Plan) -> tuple[torch.Tensor, Summary]:
     ex = exploration(pr, plan)
     explored_in_full = ex is not None and ex["serve"] == "full"
     if explored_in_full:  # the user gets the full result; the deeper reuse is measured after
-        plan = Plan(False, entry_id=plan.entry_id, features=plan.features, reason=(
+        plan = Plan(False, entry_id=plan.entry_id, features=plan.features, why="explored", reason=(
             f"explored one point beyond the gate's threshold (explore_rate): entry "
             f"{ex['beyond'].entry_id[:8]} at k*={ex['beyond'].reuse_step} — computed and served in "
             f"full, that reuse measured apart"))
@@ -288,7 +288,8 @@ def reuse(pr: ProbeResult, plan: Plan) -> tuple[torch.Tensor, Summary]:
         outcome, computed = "miss", n
     seconds = pr.seconds + time.perf_counter() - t0
     s = Summary(outcome, n, computed, pr.probe_calls + run.model_calls - calls, seconds,
-                reason=plan.reason, region_calls=region_calls, region_token_share=token_share)
+                reason=plan.reason, region_calls=region_calls, region_token_share=token_share,
+                why="" if outcome == "hit" else ("snapshot_lost" if plan.accept else plan.why))
     if expert_calls:
         spent = _calls_since(expert_calls, _expert_calls(run))
         s.expert_calls = {k: pr.probe_expert_calls.get(k, 0) + v for k, v in spent.items()}

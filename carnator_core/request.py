@@ -213,6 +213,7 @@ class Summary:
     sparse_backend: str | None = None
     attention: str = ""               # which attention ran when another is chained to Carnator's
     reason: str = ""
+    why: str = ""                     # no hit: one of gate.WHY_NOT; "" on a hit
     messages: list[str] = field(default_factory=list)
     audit: dict | None = None         # this hit was also computed in full (audit.py)
     calibration: str = ""             # the gate's calibration and audits, in one line

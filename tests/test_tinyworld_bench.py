@@ -120,8 +120,19 @@ def test_benchmark_smoke_exact_pairs(tmp_path):
     out = tmp_path / "results" / "tinyworld.json"
     res = _bench().main([str(wl), "--budgets", "0.05", "--main-budget", "0.05",
                          "--thresholds", "0.8", "0.95", "--risk-model", "prior", "--steps", "10",
-                         "--out", str(out)])
+                         "--records", "--out", str(out)])
     data = json.loads(out.read_text())
+    # every request no gate hit served says why, in the gate's codes: the first found nothing
+    # stored, the repeats were exact; the counts are what the report groups misses by
+    from carnator_core.gate import WHY_NOT
+    records = data["records"]["exact_pairs"]["0.05"]
+    assert records[0]["why"] == "no_candidate" and records[0]["reason"]
+    for r in records:
+        assert (r["why"] == "") == (r["outcome"] == "hit"), r
+        assert r["outcome"] == "hit" or (r["why"] in WHY_NOT and r["reason"]), r
+    assert [r["why"] for r in records if r["outcome"] == "exact"] == ["exact_repeat", "exact_repeat"]
+    not_reused = data["workloads"]["exact_pairs"]["carnator"]["not_reused"]
+    assert sum(not_reused.values()) == sum(r["outcome"] != "hit" for r in records)
     assert set(data["workloads"]) == {"exact_pairs"}
     systems = data["workloads"]["exact_pairs"]
     assert set(systems) == {"full", "text", "carnator", "carnator_sparse"}
