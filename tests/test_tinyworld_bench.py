@@ -331,3 +331,38 @@ def test_the_readme_results_table_is_the_one_the_result_file_gives():
     readme = (REPO / "README.md").read_text()
     assert table in readme, table
     assert len(table.splitlines()) >= 4  # header, rule and at least serve and iterate
+
+
+@pytest.mark.skipif(not MODEL.is_file(), reason="tiny-world model not committed")
+def test_an_ignored_word_keeps_a_paraphrase_same_scene_and_an_edit_never_is(tmp_path):
+    """The bundled model with its calibration for the default probe: a stored request's
+    paraphrases with words the world ignores (speed, filler, a reordered sentence) are read as
+    same-scene evidence; a direction flip, a colour change or an added object never is."""
+    import shutil
+    from carnator_core import pipeline
+    from carnator_core.comfy_adapter import run_request, start_request
+    from carnator_core.gate import DEFAULT_PROBE_FRACTION, GateSettings, calibration_file, evidence_class
+    bench = _bench()
+    world = bench.World(str(MODEL), steps=20)
+    folder = tmp_path / "cache"
+    bundled = calibration_file(REPO / "models", world.fingerprint, DEFAULT_PROBE_FRACTION)
+    calibration_file(folder, world.fingerprint, DEFAULT_PROBE_FRACTION).parent.mkdir(parents=True)
+    shutil.copy(bundled, calibration_file(folder, world.fingerprint, DEFAULT_PROBE_FRACTION))
+    settings = pipeline.ReuseSettings(gate=GateSettings(risk_budget=0.05))
+    base = "a red circle in the top left moves right"
+
+    def request(prompt):
+        return (world.cond(prompt), world.negative, world.latent(), 7, 20, 4.0, "euler", "simple", settings,
+                {"folder": str(folder)})
+    assert run_request(world.model, *request(base), label=base)[1].outcome == "miss"
+
+    def evidence_of(prompt):  # the gate's reading against the stored request, nothing stored
+        plan, _ = pipeline.lookup_and_gate(start_request(world.model, *request(prompt), label=prompt))
+        assert plan.features is not None, plan.reason
+        return evidence_class(plan.features)
+    for reworded in (base + " slowly", base + ", slowly and gently",
+                     "slowly, a crimson circle at the top left drifts to the right"):
+        assert evidence_of(reworded) == "same_scene", reworded
+    for edit in ("a red circle in the top left moves left", "a blue circle in the top left moves right",
+                 base + " and a green square in the bottom right moves up"):
+        assert evidence_of(edit) == "other", edit
