@@ -443,16 +443,32 @@ class PlanTap:
 
     def __enter__(self) -> "PlanTap":
         from carnator_core import pipeline
-        self._pipeline, self._reuse, self.plan = pipeline, pipeline.reuse, None
+        self._pipeline, self._reuse, self._decide = pipeline, pipeline.reuse, pipeline.decide
+        self.plan, self.verdicts = None, None
 
         def reuse(pr, plan):
             self.plan = plan
             return self._reuse(pr, plan)
-        pipeline.reuse = reuse
+
+        def decide(*args, **kwargs):  # the gate's own decision comes first (a source check may follow)
+            plan, verdicts = self._decide(*args, **kwargs)
+            if self.verdicts is None:
+                self.verdicts = verdicts
+            return plan, verdicts
+        pipeline.reuse, pipeline.decide = reuse, decide
         return self
 
     def __exit__(self, *exc) -> None:
-        self._pipeline.reuse = self._reuse
+        self._pipeline.reuse, self._pipeline.decide = self._reuse, self._decide
+
+    def candidates(self) -> list[dict]:
+        """Every candidate the gate weighed: entry, evidence class, its verdict (accepted, k*,
+        predicted risk, why not) and evidence; [] where the gate weighed none."""
+        from carnator_core.gate import evidence_class
+        return [{"entry_id": v.entry_id, "class": evidence_class(v.features) if v.features else None,
+                 "accept": v.accept, "reuse_step": v.reuse_step, "risk": v.risk, "why": v.why,
+                 "features": {k: float(x) for k, x in (v.features or {}).items()}}
+                for v in self.verdicts or []]
 
     def features(self) -> dict | None:
         """The plan's features (the accepted candidate's on a hit, the deciding verdict's on a
@@ -509,6 +525,7 @@ def run_carnator(world: World, lines, refs, budget, risk_model_path, psnr_bound,
                      "session": ln.get("session"),
                      "entry_id": s.entry_id, "stored_id": s.stored_id, "features": tap.features(),
                      "why": s.why, "reason": s.reason,  # why no reuse served it (gate.WHY_NOT)
+                     "candidates": tap.candidates(),
                      "same_scene": (same_scene(ln["scene"], scene_of[s.entry_id])
                                     if s.outcome == "hit" and s.entry_id in scene_of else None)})
         if own_refs is not None:

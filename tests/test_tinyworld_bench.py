@@ -131,6 +131,11 @@ def test_benchmark_smoke_exact_pairs(tmp_path):
         assert (r["why"] == "") == (r["outcome"] == "hit"), r
         assert r["outcome"] == "hit" or (r["why"] in WHY_NOT and r["reason"]), r
     assert [r["why"] for r in records if r["outcome"] == "exact"] == ["exact_repeat", "exact_repeat"]
+    # the reworded request weighed the stored ones: each candidate with its class and verdict
+    reworded = records[-1]
+    assert reworded["candidates"] and all(c["class"] in ("same_scene", "other") for c in reworded["candidates"])
+    assert all(c["accept"] or c["why"] in WHY_NOT for c in reworded["candidates"]), reworded["candidates"]
+    assert records[0]["candidates"] == []  # nothing stored yet
     not_reused = data["workloads"]["exact_pairs"]["carnator"]["not_reused"]
     assert sum(not_reused.values()) == sum(r["outcome"] != "hit" for r in records)
     assert set(data["workloads"]) == {"exact_pairs"}
