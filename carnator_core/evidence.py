@@ -3,12 +3,8 @@ and share cells that each keep their own certified thresholds, and the rules for
 finish may start and what it costs."""
 from __future__ import annotations
 
-import logging
 import math
 
-
-
-log = logging.getLogger("carnator")
 
 FEATURES = ("outside_mean", "outside_max", "region_fraction", "depth_fraction", "similarity_gap")
 

@@ -13,7 +13,6 @@ model fingerprint.
 """
 from __future__ import annotations
 
-import logging
 import math
 from dataclasses import dataclass
 
@@ -32,7 +31,6 @@ from .risk_model import (CALIBRATION_NAME, DEFAULT_PROBE_FRACTION, INTERACTION_E
                          calibrated_probes, calibrated_steps, calibration_file, calibration_files,
                          calibration_in_use, gate_model_for, risk_model_for, same_probe)
 
-log = logging.getLogger("carnator")
 
 __all__ = ["CALIBRATION_NAME", "DEFAULT_PROBE_FRACTION", "EVIDENCE", "EVIDENCE_CLASSES",
            "FEATURES", "GateSettings", "INTERACTION_EVIDENCE_SCALE", "Plan",

@@ -3,7 +3,6 @@ probe's result, the summary the node shows, and the guard that turns a cache fai
 report instead of a crash."""
 from __future__ import annotations
 
-import logging
 import math
 import sqlite3
 from dataclasses import dataclass, field
@@ -20,7 +19,6 @@ from .reuse.region_compute import token_share
 from .signature import (EarlySignature, pool_latent_tiles, pool_token_tiles, tile_grid_for,
                         tiles_to_latent_mask)
 
-log = logging.getLogger("carnator")
 
 @dataclass
 class ReuseSettings:
@@ -279,8 +277,6 @@ def guarded(cache: TrajectoryCache | None, what: str, fn, *args, default=None):
         return default
 
 
-
-
 def recomputes_repeat(run, gate: GateSettings) -> bool:
     """Whether an exact repeat of a result that was itself a reuse runs in full once.
 
@@ -289,7 +285,6 @@ def recomputes_repeat(run, gate: GateSettings) -> bool:
     computed in full and later ones get that (the newest exact entry). With same_seed the
     repeat is someone returning to a result they saw: it gets that result, computing nothing."""
     return gate.recurring_sources and getattr(run, "seed_policy", "") == "shared_noise"
-
 
 
 def region_share_for(run, grid: tuple[int, int, int]):

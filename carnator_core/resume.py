@@ -3,7 +3,6 @@ outside region M, M filled as the calibration measured), the guided finish, and 
 connectivity drives the block-sparse attention of the remaining steps."""
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
 
 import torch
@@ -19,7 +18,6 @@ from .signature import tiles_to_latent_mask
 
 from .request import ProbeResult, Summary, guarded
 
-log = logging.getLogger("carnator")
 
 def start_from_candidate(pr: ProbeResult, plan: Plan) -> Fill | None:
     """Where the hit resumes at k* and what filling M cost: the candidate's x_k outside M;
@@ -153,8 +151,6 @@ def _fill_on_m(run, outside_k: torch.Tensor, mask: torch.Tensor, x0_probe: torch
     return fill
 
 
-
-
 def reuse_apart(pr: ProbeResult, plan: Plan) -> torch.Tensor | None:
     """The result this reuse would have served, computed as a hit computes it (its fill of
     M, finish and attention), recording nothing. None: the entry's snapshot is gone."""
@@ -172,8 +168,6 @@ def reuse_apart(pr: ProbeResult, plan: Plan) -> torch.Tensor | None:
     finally:
         if tokens is not None:
             pr.run.compute_region(None)
-
-
 
 
 def plan_attention(pr: ProbeResult, plan: Plan | None, own: Connectivity | None,

@@ -4,7 +4,6 @@ the labels of served and explored reuses against the request's own full computat
 from __future__ import annotations
 
 import copy
-import logging
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,7 +17,6 @@ from .calibration.tolerance import psnr
 from .request import ProbeResult, guarded, region_share_of
 from .resume import reuse_apart
 
-log = logging.getLogger("carnator")
 
 def after_audits(pr: ProbeResult, model: RiskModel, alpha: float) -> tuple[RiskModel, float, str, dict]:
     """The risk model and budget after live audits: thresholds extended or stepped back by
@@ -116,8 +114,6 @@ def exploration(pr: ProbeResult, plan: Plan) -> dict | None:
                       "beyond": ex.beyond[ex.model.cell(deeper.features)]}}
 
 
-
-
 def audit_served(pr: ProbeResult, plan: Plan, final: torch.Tensor, ex: dict | None) -> dict | None:
     """Audit a served hit when its draw says so: at ``audit_rate`` for the gate's threshold,
     and where exploring found this same reuse one ladder point beyond, for that point too."""
@@ -160,8 +156,6 @@ def label_explored(pr: ProbeResult, ex: dict, final: torch.Tensor) -> dict:
         texts.append(got["text"])
     return {"audited": bool(labels), "explored": True, "calls": calls, "labels": labels,
             "text": " · ".join(texts)}
-
-
 
 
 def _audit(pr: ProbeResult, plan: Plan, final: torch.Tensor, feeds: list[float] | None = None,

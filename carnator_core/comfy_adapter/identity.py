@@ -3,7 +3,6 @@ fingerprint (weights, patches, options), its backbone and patch size, the condit
 the model file names a workflow loaded, and where the cache folder is."""
 from __future__ import annotations
 
-import logging
 import os
 import weakref
 from typing import Any
@@ -13,8 +12,6 @@ import torch
 
 from ..cache.location import default_folder, set_default_folder
 from ..keys import digest, tensor_digest, weight_digest
-
-log = logging.getLogger("carnator")
 
 
 WRAPPER_KEY = "carnator"

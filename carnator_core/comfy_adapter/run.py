@@ -2,7 +2,6 @@
 and the sampler run in segments through ``comfy.sample.sample_custom``."""
 from __future__ import annotations
 
-import logging
 import math
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -26,8 +25,6 @@ from .identity import (backbone_name, check_expert_pair, cond_digest, marked_lat
 from .recording import (_EXTRA_TOKEN_CONDS, StepRecorder, _find_block_list, _fix_empty_latent_channels,
                         _install_region_blocks, patched_for_recording)
 
-log = logging.getLogger("carnator")
-
 
 # ------------------------------------------------------------------ one request
 def schedule(model, scheduler: str, sampler_name: str, steps: int) -> torch.Tensor:
@@ -39,7 +36,6 @@ def schedule(model, scheduler: str, sampler_name: str, steps: int) -> torch.Tens
     else:
         s = comfy.samplers.calculate_sigmas(ms, scheduler, steps)
     return s.cpu().float()
-
 
 
 StepCallback = Callable[[int, torch.Tensor, torch.Tensor], None]
