@@ -547,11 +547,8 @@ def run_carnator(world: World, lines, refs, budget, risk_model_path, psnr_bound,
 
 def not_reused(recs: list[dict]) -> dict[str, int]:
     """The requests no gate hit served, counted by why (``gate.WHY_NOT``; exact repeats too)."""
-    out: dict[str, int] = {}
-    for r in recs:
-        if r["outcome"] != "hit":
-            out[r.get("why") or "?"] = out.get(r.get("why") or "?", 0) + 1
-    return dict(sorted(out.items(), key=lambda kv: -kv[1]))
+    from collections import Counter
+    return dict(Counter(r.get("why") or "?" for r in recs if r["outcome"] != "hit").most_common())
 
 
 def pick_text_point(text_sweep: dict, target_hit_rate: float) -> float:

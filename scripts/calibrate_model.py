@@ -39,6 +39,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT))
 
+from carnator_core.calibration.cheap import BUNDLED_RANKING  # noqa: E402
 from carnator_core.gate import DEFAULT_PROBE_FRACTION  # noqa: E402
 
 # The demo models: calibrated at the example workflows' steps and cfg, on a small latent (the
@@ -50,7 +51,7 @@ DEMO_EXPERTS = {"wan22_a14b": ("wan22_a14b_high", "wan22_a14b_low")}
 DEMO_STEPS, DEMO_CFG = 12, 4.0
 # The ranking the cheap procedure transfers by default: the bundled tiny world's calibration with
 # the deeper recipe (probe 0.05, M filled on its tokens and widened by a tile, region finish).
-TRANSFER = ROOT / "models" / "calibration" / "0706ef2962b7d36f497afe0f24c29ec0.probe0.05.json"  # cheap.BUNDLED_RANKING
+TRANSFER = ROOT / "models" / "calibration" / BUNDLED_RANKING
 # Pairs per model: enough that the "other" evidence class certifies α = 20% (18 accepted
 # held-out reuses). HunyuanVideo's random weights put more pairs beyond the region limit.
 DEMO_PAIRS = {"wan21": 30, "hunyuan_video": 60, "ltxv": 30, "wan22_5b": 30,

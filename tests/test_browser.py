@@ -27,7 +27,6 @@ from __future__ import annotations
 import io
 import json
 import os
-import re
 import shutil
 import sqlite3
 import sys
@@ -39,12 +38,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from browser.chromium import (INIT_SCRIPT, keep_screenshot, launch,  # noqa: E402
                               seed_user_settings, unavailable_reason)
+import repo_scripts  # noqa: E402
 from server_harness import ComfyServer  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 SAMPLER_WORKFLOW = REPO / "workflows" / "carnator_tinyworld_sampler.json"
 FOUR_NODE_WORKFLOW = REPO / "workflows" / "carnator_tinyworld_4node.json"
-CALIBRATION = REPO / "models" / "calibration"
 OUTPUT = REPO / "tests" / "output" / "browser"
 DOCS = REPO / "docs" / "screenshots"
 NEWEST = "1.58.1"  # scripts/provision.sh: NEW_FRONTEND_VERSION
@@ -86,10 +85,9 @@ def server(request, tmp_path_factory):
     work = tmp_path_factory.mktemp(f"browser-{request.param}")
     seed_user_settings(work / "user")
     (work / "user" / "carnator_cache" / "calibration").mkdir(parents=True)
-    for f in CALIBRATION.glob("*.json"):
-        # the calibrations (per probe, and one measured at an N): not reports, not demo_models.json
-        if re.fullmatch(r"[0-9a-f]{32}(\.probe[0-9.]+)?(\.n\d+)?\.json", f.name):
-            shutil.copy(f, work / "user" / "carnator_cache" / "calibration" / f.name)
+    # the calibrations a user installs (per probe, and one measured at an N): not reports
+    for f in repo_scripts.load("scripts/install_models.py", "install_models").bundled_calibrations():
+        shutil.copy(f, work / "user" / "carnator_cache" / "calibration" / f.name)
     with ComfyServer(work, front_end_root=root) as s:
         s.front_end = request.param
         yield s
