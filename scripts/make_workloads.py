@@ -26,6 +26,11 @@ comparisons never have to read prose back (a speed word, for one, is in the prom
 - serve_reworded.jsonl: serve's requests (same scenes, popularity and seeds), each written in
   the held-out template families of tinyworld.language, phrasings neither the model's training
   nor the calibration ever drew: the gate on people's own rewording.
+- calibration_edits.jsonl: 240 more pairs, groups after calibration_paraphrases': one to three
+  edits of the whole scene grammar apart (any attribute of either object changed or swapped,
+  objects added or removed), each side in its own paraphrase — the edits that make a reuse
+  recompute most of the frame, which the calibration's other pairs reach mostly through
+  unrelated scenes (bench/calibrate.py --workload calibration_edits).
 - unseen_edits.jsonl: editing sessions (fixed seed each, mostly two objects) of edits neither
   iterate's generator nor the calibration makes, every prompt in wording no other workload uses:
   a position or motion flip (either axis) with a full rewording, the colours of two objects
@@ -330,6 +335,59 @@ def calibration(n_pairs=240, exclude=()):
     return _pairs(CALIBRATION_KINDS, n_pairs, 3003, 900_000, 500_000, 0, exclude)
 
 
+def _random_edit(scene, rng):
+    """One edit of the scene grammar, any attribute and any object: change an attribute to any
+    other value the scene allows, swap an attribute between two objects, or add or remove an
+    object. The calibration's other pairs change one attribute of one object, or everything."""
+    s = _copy(scene)
+    objs = s["objects"]
+    ops = ["change", "change", "add_remove"] + (["swap"] if len(objs) == 2 else [])
+    op = rng.choice(ops)
+    if op == "add_remove":
+        return _add_or_remove_object(s, rng)
+    if op == "swap":
+        attr = rng.choice(WD.ATTRIBUTES)
+        objs[0][attr], objs[1][attr] = objs[1][attr], objs[0][attr]
+        return s, f"swap_{attr}"
+    o = objs[rng.randrange(len(objs))]
+    attr = rng.choice(WD.ATTRIBUTES)
+    taken = {x[attr] for x in objs} if attr in ("colour", "position") else {o[attr]}
+    values = {"colour": list(WD.COLOURS), "shape": WD.SHAPES, "position": WD.POSITIONS,
+              "motion": WD.MOTIONS}[attr]
+    o[attr] = rng.choice([v for v in values if v not in taken])
+    return s, f"change_{attr}"
+
+
+def edit_pairs(n_pairs=240, first_group=0, exclude=(), seed=3131, first_seed=2_100_000):
+    """Pairs one to three edits of the whole scene grammar apart (``_random_edit``: any
+    attribute of either object changed or swapped between them, objects added or removed),
+    mostly two-object scenes, each side captioned in its own paraphrase: edits that make the
+    reuse compute most of the frame itself. The gate certifies other evidence per share of the
+    tokens it recomputes; a share cell is only as good as the edits its pairs hold, and the
+    other pair kinds reach the large shares mostly through unrelated scenes."""
+    exclude = set(exclude)
+    rng = random.Random(seed)
+    lines, group = [], first_group
+    while group < first_group + n_pairs:
+        anchor = WD.random_scene(rng, 1 if rng.random() < 0.25 else 2)
+        scene, edits = anchor, []
+        for _ in range(rng.choice((1, 1, 2, 3))):
+            scene, what = _random_edit(scene, rng)
+            edits.append(what)
+        if WD.scene_key(scene) == WD.scene_key(anchor):
+            continue
+        pa, pb = WD.caption(anchor, rng), WD.caption(scene, rng)
+        if pa in exclude or pb in exclude or pa == pb:
+            continue
+        req_seed = first_seed + rng.randrange(100_000)
+        for role, p, s in (("anchor", pa, anchor), ("variant", pb, scene)):
+            lines.append({"prompt": p, "seed": req_seed, "seed_policy": "same_seed", "group": group,
+                          "kind": "scene_edit", "edits": "+".join(edits), "role": role,
+                          "scene": scene_field(s)})
+        group += 1
+    return lines
+
+
 # ------------------------------------------------------------------ unseen_edits
 # Wording for unseen_edits: the training families of tinyworld.language (no other workload
 # draws from them; iterate, novel and the calibration write world.caption(), serve_reworded the
@@ -475,9 +533,11 @@ def workloads() -> dict:
     dr, unseen = drift(), unseen_edits()
     assert not {x["seed"] for x in unseen} & {x["seed"] for x in cal + it + sv + nv + replicate + more + dr}
     assert not {x["prompt"] for x in unseen} & {x["prompt"] for x in cal + more}
+    edits = edit_pairs(first_group=1 + max(x["group"] for x in more), exclude=held | {x["prompt"] for x in unseen})
+    assert not {x["seed"] for x in edits} & {x["seed"] for x in cal + it + sv + nv + replicate + more + dr + unseen}
     return {"iterate": it, "serve": sv, "novel": nv, "calibration": cal, "drift": dr,
             "iterate_replicate": replicate, "calibration_paraphrases": more,
-            "serve_reworded": reworded(sv), "unseen_edits": unseen}
+            "serve_reworded": reworded(sv), "unseen_edits": unseen, "calibration_edits": edits}
 
 
 def main(argv=None):
