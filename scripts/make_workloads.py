@@ -31,6 +31,10 @@ comparisons never have to read prose back (a speed word, for one, is in the prom
   objects added or removed), each side in its own paraphrase — the edits that make a reuse
   recompute most of the frame, which the calibration's other pairs reach mostly through
   unrelated scenes (bench/calibrate.py --workload calibration_edits).
+- serve_fresh.jsonl, iterate_fresh.jsonl: serve's and iterate's requests (scenes, seeds, order
+  kept), every prompt worded anew from the held-out families with one to three words the world
+  ignores (a speed, a shade, a filler in front): same-scene reuse on how people write, which no
+  calibration pair is worded like. iterate's exact repeats become rewordings.
 - unseen_edits.jsonl: editing sessions (fixed seed each, mostly two objects) of edits neither
   iterate's generator nor the calibration makes, every prompt in wording no other workload uses:
   a position or motion flip (either axis) with a full rewording, the colours of two objects
@@ -147,6 +151,23 @@ def reworded(lines: list[dict], seed=2020) -> list[dict]:
     from tinyworld import language as LANG
     rng = random.Random(seed)
     return [dict(ln, prompt=LANG.phrase(ln["scene"], rng, LANG.HELD_OUT_FAMILIES)) for ln in lines]
+
+
+def fresh_wording(lines: list[dict], seed: int) -> list[dict]:
+    """``lines`` with each prompt worded anew (scene, seed and the rest kept): a phrasing from the
+    held-out families, which neither training nor any calibration draws, with one to three words
+    the world ignores added (tinyworld.language.with_ignored_words: speed, shade, filler)."""
+    from tinyworld import language as LANG
+    rng = random.Random(seed)
+
+    def phrasing(scene):  # leave the ignored words room where the encoder's window allows it
+        for room in (6, 4, 2, 0):
+            try:
+                return LANG.compose(scene, rng, LANG.HELD_OUT_FAMILIES, LANG.MAX_TOKENS - room)
+            except ValueError:
+                continue
+        raise ValueError(f"no held-out phrasing of {scene['objects']} fits the encoder")
+    return [dict(ln, prompt=LANG.with_ignored_words(phrasing(ln["scene"]), rng)) for ln in lines]
 
 
 CALIBRATION_KINDS = tuple(k for k in WD.PAIR_KINDS if k != "identical")
@@ -537,7 +558,8 @@ def workloads() -> dict:
     assert not {x["seed"] for x in edits} & {x["seed"] for x in cal + it + sv + nv + replicate + more + dr + unseen}
     return {"iterate": it, "serve": sv, "novel": nv, "calibration": cal, "drift": dr,
             "iterate_replicate": replicate, "calibration_paraphrases": more,
-            "serve_reworded": reworded(sv), "unseen_edits": unseen, "calibration_edits": edits}
+            "serve_reworded": reworded(sv), "unseen_edits": unseen, "calibration_edits": edits,
+            "serve_fresh": fresh_wording(sv, 2121), "iterate_fresh": fresh_wording(it, 1121)}
 
 
 def main(argv=None):

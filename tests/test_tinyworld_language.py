@@ -303,3 +303,37 @@ def test_phrasing_benchmark_prompts_are_the_ones_earlier_runs_measured():
     got = [p["prompt"] for i, (scene, _) in enumerate(scenes)
            for p in mod.prompts_for(scene, random.Random(st["phrase_seed"] * 1_000_003 + i), 3, 3)]
     assert got == [r["prompt"] for r in saved["records"] if r["scene"] < 6]
+
+
+# --------------------------------------------------------------- words the world ignores
+def test_ignored_words_are_added_without_changing_what_the_text_says(held_sample):
+    """The fresh-wording workloads' prompts: one to three words the world ignores around an
+    unchanged phrasing, never an attribute word; no training or caption() phrasing has a speed
+    or a shade (a filler may share a word with a frame)."""
+    ignored = {w for ws in LANG.IGNORED_WORDS.values() for phrase in ws for w in re.findall(r"[a-z0-9]+", phrase)}
+    assert not ignored & ATTRIBUTE_WORDS
+    marks = ignored - {"a"}  # the words only an ignored word brings
+    rng = random.Random(4)
+    added_counts = set()
+    for scene, p in held_sample[:600]:
+        text = LANG.with_ignored_words(p, rng, max_tokens=None)
+        extra = [w for w in re.findall(r"[a-z0-9]+", text.lower()) if w in marks]
+        added_counts.add(len(set(extra)))
+        assert extra, text
+        # the phrasing is still there, in order, with only ignored words between its words
+        kept = [w for w in re.findall(r"[a-z0-9]+", text.lower()) if w not in ignored]
+        assert kept == [w for w in re.findall(r"[a-z0-9]+", p.text.lower()) if w not in ignored], text
+        assert values(text, COLOUR_KEYS) == {o["colour"] for o in scene["objects"]}, text
+        assert values(text, SHAPE_KEYS) == {o["shape"] for o in scene["objects"]}, text
+    assert {1, 2} <= added_counts
+    unsaid = set(LANG.IGNORED_WORDS["speed"] + LANG.IGNORED_WORDS["shade"])
+    for _, p in phrasings(LANG.TRAIN_FAMILIES, 400, 7):
+        assert not words(p.text) & unsaid, p.text
+    assert not any(words(WD.caption(WD.random_scene(random.Random(i)), random.Random(i))) & unsaid
+                   for i in range(400))
+
+
+def test_ignored_words_respect_the_encoder_window(held_sample):
+    rng = random.Random(5)
+    for _, p in held_sample[:300]:
+        assert LANG.token_count(LANG.with_ignored_words(p, rng)) <= LANG.MAX_TOKENS

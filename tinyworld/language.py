@@ -425,3 +425,45 @@ def training_caption(scene: dict, rng: random.Random, broad_share: float,
     if rng.random() < broad_share:
         return phrase(scene, rng, families)
     return WD.caption(scene, rng)
+
+
+# ---------------------------------------------------------------- words the world ignores
+# The world has one speed, one shade per colour and no camera: a request that adds these words
+# still describes exactly its scene, as people's prompts carry words a model has no use for.
+# Neither the training families nor world.caption() writes a speed or a shade.
+IGNORED_WORDS: Dict[str, Tuple[str, ...]] = {
+    "speed": ("slowly", "quickly", "steadily", "gently", "smoothly"),
+    "shade": ("pale", "dark", "light", "soft", "vivid"),
+    "filler": ("a short clip:", "please show", "a simple animation:", "high quality, 4k:"),
+}
+
+
+def _in_case_of(word: str, found: str) -> str:
+    return word.upper() if found.isupper() else word.title() if found.istitle() else word
+
+
+def with_ignored_words(phrasing: Phrasing, rng: random.Random, max_tokens: Optional[int] = MAX_TOKENS,
+                       count: Callable[[str], int] = token_count) -> str:
+    """``phrasing``'s text with one to three words the world ignores (:data:`IGNORED_WORDS`),
+    of different kinds: a speed after an object's motion, a shade before a one-word colour, a
+    filler in front. The tagged pieces stay as they were, so the text still describes exactly
+    its scene; a word that would take it past ``max_tokens`` is left out (compose the phrasing
+    with room to spare to have every word)."""
+    text, wanted, added = phrasing.text, rng.choice((1, 2, 3)), 0
+    for kind in rng.sample(list(IGNORED_WORDS), len(IGNORED_WORDS)):
+        if added == wanted:
+            break
+        word = rng.choice(IGNORED_WORDS[kind])
+        if kind == "filler":
+            new = _in_case_of(word, text.split(" ", 1)[0]) + " " + text
+        else:
+            attr = "motion" if kind == "speed" else "colour"
+            said = [p for p, tag in phrasing.pieces if tag and tag[1] == attr and (attr == "motion" or " " not in p)]
+            hit = next((m for p in said for m in [re.search(rf"\b{re.escape(p)}\b", text, re.IGNORECASE)] if m), None)
+            if hit is None:
+                continue
+            new = (text[:hit.end()] + " " + _in_case_of(word, hit.group()) + text[hit.end():] if kind == "speed"
+                   else text[:hit.start()] + _in_case_of(word, hit.group()) + " " + text[hit.start():])
+        if max_tokens is None or count(new) <= max_tokens:
+            text, added = new, added + 1
+    return text
