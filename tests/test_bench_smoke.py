@@ -194,3 +194,30 @@ def test_bench_holds_the_benchmarks_people_run_and_the_studies_apart():
     assert [name for name in top if f"bench/{name}" not in listed] == [], \
         "a script at the top of bench/ that docs/development.md does not list as a benchmark"
     assert len(STUDIES) >= 10 and not set(top) & set(STUDIES)
+
+
+def test_wording_counts_same_scene_hits_on_scenes_computed_before_in_the_same_pool():
+    """bench/wording.py's question: a request whose scene was computed in full before in its
+    noise pool counts; a hit on other evidence, a miss or a scene computed in another pool does
+    not count as served; every one not served carries its why."""
+    import repo_scripts
+    wording = repo_scripts.load("bench/wording.py", "bench_wording")
+    red = {"objects": [{"shape": "circle", "colour": "red", "position": "top left", "motion": "left"}]}
+    blue = {"objects": [{"shape": "circle", "colour": "blue", "position": "top left", "motion": "left"}]}
+    same_scene = {"outside_mean": 0.0, "outside_max": 0.0, "region_fraction": 0.0, "similarity_gap": 0.0}
+    other = {**same_scene, "region_fraction": 0.3, "outside_max": 0.5}
+    lines = [{"scene": red, "seed": 4, "seed_policy": "shared_noise"},   # pool 0: computed in full
+             {"scene": red, "seed": 8, "seed_policy": "shared_noise"},   # pool 0 again: same-scene hit
+             {"scene": red, "seed": 5, "seed_policy": "shared_noise"},   # pool 1: not seen there
+             {"scene": red, "seed": 12, "seed_policy": "shared_noise"},  # pool 0: other evidence
+             {"scene": blue, "seed": 0, "seed_policy": "shared_noise"},  # another scene
+             {"scene": red, "seed": 0, "seed_policy": "shared_noise"}]   # pool 0: ran in full
+    records = [{"outcome": "miss", "why": "no_candidate"}, {"outcome": "hit", "features": same_scene},
+               {"outcome": "miss", "why": "risk"}, {"outcome": "hit", "features": other},
+               {"outcome": "hit", "features": other}, {"outcome": "miss", "why": "min_saving"}]
+    got = wording.seen_scene_hits(lines, records)
+    assert (got["requests"], got["same_scene_hits"]) == (3, 1)
+    assert got["not_same_scene_by_why"] == {"other_evidence": 1, "min_saving": 1}
+    with pytest.raises(ValueError, match="records for"):
+        wording.seen_scene_hits(lines, records[:-1])
+    assert run(["bench/wording.py", "--help"], timeout=180).startswith("usage:")
