@@ -21,9 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
-import time
 from collections import Counter
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -31,8 +29,6 @@ for _p in (os.path.join(REPO, "tests"), REPO):  # REPO first: the packages, not 
     if _p not in sys.path:
         sys.path.insert(0, _p)
 RESULTS = os.path.join(REPO, "bench", "results")
-DEFAULT_MODEL = os.path.join(REPO, "models", "tinyworld", "carnator_tinyworld_wan21.safetensors")
-BUDGETS = (0.02, 0.05, 0.1)
 
 
 def _script(name: str):
@@ -81,26 +77,11 @@ def rows_of(result: dict, workload: str, lines: list[dict]) -> dict:
                                    "false_accept_rate", "ci95", "holds", "hit_rate",
                                    "gate_hit_speedup_steps", "workload_speedup_steps")},
             "seen_scene": seen_scene_hits(lines, records),
-            "not_reused_by_why": dict(Counter(r.get("why") or "?" for r in records
-                                              if r["outcome"] != "hit").most_common())}
+            "not_reused_by_why": _script("tinyworld").not_reused(records)}
     rates = [r["hit_rate"] for r in out.values()]
     for row in out.values():
         row["hit_rate_non_decreasing_in_alpha"] = all(b >= a - 1e-12 for a, b in zip(rates, rates[1:]))
     return out
-
-
-def measure(workload: str, a, part: str) -> float:
-    cmd = [sys.executable, os.path.join(REPO, "bench", "tinyworld.py"), workload, "--model", a.model,
-           "--steps", str(a.steps), "--probe-fraction", "0.05", "--risk-model", "auto",
-           "--budgets", *[f"{b:g}" for b in BUDGETS], "--main-budget", "0.05", "--records",
-           "--no-plots", "--no-sparse-system", "--threads", str(a.threads), "--out", part,
-           "--thresholds", "0.9"]
-    if a.limit:
-        cmd += ["--limit", str(a.limit)]
-    print("$ " + " ".join(cmd), flush=True)
-    t0 = time.time()
-    subprocess.run(cmd, cwd=REPO, check=True)
-    return time.time() - t0
 
 
 def main(argv=None) -> dict:
@@ -109,11 +90,13 @@ def main(argv=None) -> dict:
     ap.add_argument("--from", dest="given", nargs="*", default=[], metavar="JSON",
                     help="bench/tinyworld.py results with --records to read rows from (every workload in them)")
     ap.add_argument("--steps", type=int, default=20)
-    ap.add_argument("--model", default=DEFAULT_MODEL)
+    runner = _script("many_steps")  # runs each workload as many_steps does: same command, same settings
+    ap.add_argument("--model", default=runner.DEFAULT_MODEL)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--limit", type=int, default=None)
     ap.add_argument("--out", default=os.path.join(RESULTS, "wording.json"))
     ap.add_argument("--parts", default=None, help="default: beside --out, <out name>_parts/")
+    ap.set_defaults(probe_fraction=0.05, budgets=list(runner.BUDGETS))
     a = ap.parse_args(argv)
     load_workload = _script("tinyworld").load_workload
     parts = a.parts or os.path.splitext(os.path.abspath(a.out))[0] + "_parts"
@@ -121,7 +104,7 @@ def main(argv=None) -> dict:
     for wl in a.workloads:
         os.makedirs(parts, exist_ok=True)
         part = os.path.join(parts, f"{wl}_n{a.steps}.json")
-        measure(wl, a, part)
+        runner.measure(wl, a.steps, a, part)
         sources.append(part)
     sources += a.given
     results = {}
