@@ -33,8 +33,14 @@ comparisons never have to read prose back (a speed word, for one, is in the prom
   unrelated scenes (bench/calibrate.py --workload calibration_edits).
 - serve_fresh.jsonl, iterate_fresh.jsonl: serve's and iterate's requests (scenes, seeds, order
   kept), every prompt worded anew from the held-out families with one to three words the world
-  ignores (a speed, a shade, a filler in front): same-scene reuse on how people write, which no
-  calibration pair is worded like. iterate's exact repeats become rewordings.
+  ignores (a speed, a shade, a filler in front): same-scene reuse on how people write. No
+  calibration pair is in their families or has their ignored words. iterate's exact repeats
+  become rewordings.
+- calibration_wording.jsonl: 240 more pairs, groups after calibration_edits': each side
+  world.caption() with one to three words the world ignores from the calibration's own
+  vocabulary (tinyworld.language.CALIBRATION_IGNORED_WORDS), a third the same scene, the rest
+  one or two edits of the whole scene grammar apart (bench/calibrate.py --workload
+  calibration_wording).
 - unseen_edits.jsonl: editing sessions (fixed seed each, mostly two objects) of edits neither
   iterate's generator nor the calibration makes, every prompt in wording no other workload uses:
   a position or motion flip (either axis) with a full rewording, the colours of two objects
@@ -409,6 +415,50 @@ def edit_pairs(n_pairs=240, first_group=0, exclude=(), seed=3131, first_seed=2_1
     return lines
 
 
+def _caption_with_ignored_words(scene, rng):
+    """world.caption() of ``scene`` with one to three words the world ignores, from the
+    calibration's own vocabulary (tinyworld.language.CALIBRATION_IGNORED_WORDS): the words a
+    shade or a speed can sit beside are the scene's colour and motion words the caption used."""
+    import re
+    LANG = _language()
+    text = WD.caption(scene, rng)
+    pieces = tuple((w, (i, attr)) for i, o in enumerate(scene["objects"])
+                   for attr, table in (("colour", WD.COLOUR_WORDS), ("motion", WD.MOTION_WORDS))
+                   for w in table[o[attr]] if re.search(rf"\b{re.escape(w)}\b", text))
+    return LANG.with_ignored_words(LANG.Phrasing(text, pieces), rng,
+                                   vocabulary=LANG.CALIBRATION_IGNORED_WORDS)
+
+
+def wording_pairs(n_pairs=240, first_group=0, exclude=(), seed=3232, first_seed=2_200_000):
+    """Pairs each side of which is captioned with words the world ignores added: a third the same
+    scene (two wordings of it), the rest one or two edits of the whole scene grammar apart
+    (``_random_edit``). The calibration's other pairs carry no ignored word, so the early states
+    they calibrate never moved with one; these do, in calibration families and words of its own
+    (the fresh-wording workloads keep the held-out families and IGNORED_WORDS)."""
+    exclude = set(exclude)
+    rng = random.Random(seed)
+    lines, group = [], first_group
+    while group < first_group + n_pairs:
+        anchor = WD.random_scene(rng, 1 if rng.random() < 0.25 else 2)
+        scene, edits = anchor, []
+        if (group - first_group) % 3:
+            for _ in range(rng.choice((1, 1, 2))):
+                scene, what = _random_edit(scene, rng)
+                edits.append(what)
+            if WD.scene_key(scene) == WD.scene_key(anchor):
+                continue
+        pa, pb = _caption_with_ignored_words(anchor, rng), _caption_with_ignored_words(scene, rng)
+        if pa in exclude or pb in exclude or pa == pb:
+            continue
+        req_seed = first_seed + rng.randrange(100_000)
+        kind = "worded_edit" if edits else "worded_paraphrase"
+        for role, p, s in (("anchor", pa, anchor), ("variant", pb, scene)):
+            lines.append({"prompt": p, "seed": req_seed, "seed_policy": "same_seed", "group": group,
+                          "kind": kind, "edits": "+".join(edits), "role": role, "scene": scene_field(s)})
+        group += 1
+    return lines
+
+
 # ------------------------------------------------------------------ unseen_edits
 # Wording for unseen_edits: the training families of tinyworld.language (no other workload
 # draws from them; iterate, novel and the calibration write world.caption(), serve_reworded the
@@ -556,10 +606,14 @@ def workloads() -> dict:
     assert not {x["prompt"] for x in unseen} & {x["prompt"] for x in cal + more}
     edits = edit_pairs(first_group=1 + max(x["group"] for x in more), exclude=held | {x["prompt"] for x in unseen})
     assert not {x["seed"] for x in edits} & {x["seed"] for x in cal + it + sv + nv + replicate + more + dr + unseen}
+    fresh = {"serve_fresh": fresh_wording(sv, 2121), "iterate_fresh": fresh_wording(it, 1121)}
+    worded = wording_pairs(first_group=1 + max(x["group"] for x in edits),
+                           exclude=held | {x["prompt"] for x in unseen + sum(fresh.values(), [])})
+    assert not {x["seed"] for x in worded} & {x["seed"] for x in cal + it + sv + nv + replicate + more + dr + unseen + edits}
     return {"iterate": it, "serve": sv, "novel": nv, "calibration": cal, "drift": dr,
             "iterate_replicate": replicate, "calibration_paraphrases": more,
             "serve_reworded": reworded(sv), "unseen_edits": unseen, "calibration_edits": edits,
-            "serve_fresh": fresh_wording(sv, 2121), "iterate_fresh": fresh_wording(it, 1121)}
+            **fresh, "calibration_wording": worded}
 
 
 def main(argv=None):

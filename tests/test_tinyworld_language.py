@@ -337,3 +337,35 @@ def test_ignored_words_respect_the_encoder_window(held_sample):
     rng = random.Random(5)
     for _, p in held_sample[:300]:
         assert LANG.token_count(LANG.with_ignored_words(p, rng)) <= LANG.MAX_TOKENS
+
+
+def test_calibration_wording_pairs_carry_ignored_words_of_their_own():
+    """bench/workloads/calibration_wording.jsonl: every prompt is a world.caption() with at least
+    one word from the calibration's vocabulary and none from the fresh-wording workloads'; with
+    those words taken out it reads back as exactly its scene. A third of the pairs are one scene
+    worded twice, the rest are edits."""
+    vocab = {k: {w for phrase in ws for w in re.findall(r"[a-z0-9]+", phrase)}
+             for k, ws in LANG.CALIBRATION_IGNORED_WORDS.items()}
+    own = set().union(*vocab.values())
+    theirs = {w for ws in LANG.IGNORED_WORDS.values() for phrase in ws for w in re.findall(r"[a-z0-9]+", phrase)}
+    assert set(vocab) == set(LANG.IGNORED_WORDS) and not own & theirs and not own & ATTRIBUTE_WORDS
+    lines = [json.loads(t) for t in (REPO / "bench/workloads/calibration_wording.jsonl").read_text().splitlines()]
+    pairs = {}
+    for line in lines:
+        said = [w for w in re.findall(r"[a-z0-9]+", line["prompt"].lower())]
+        assert set(said) & own and not set(said) & (theirs - {"a"}), line["prompt"]
+        plain = line["prompt"]
+        for filler in LANG.CALIBRATION_IGNORED_WORDS["filler"]:
+            if plain.lower().startswith(filler + " "):
+                plain = plain[len(filler) + 1:]
+        for word in LANG.CALIBRATION_IGNORED_WORDS["speed"] + LANG.CALIBRATION_IGNORED_WORDS["shade"]:
+            plain = re.sub(rf"\s*\b{word}\b", "", plain, flags=re.IGNORECASE).strip()
+        assert WD.scene_key(WD.parse_caption(plain)) == WD.scene_key(line["scene"]), (line["prompt"], plain)
+        pairs.setdefault(line["group"], []).append(line)
+    kinds = {}
+    for group in pairs.values():
+        a, b = group
+        same = WD.scene_key(a["scene"]) == WD.scene_key(b["scene"])
+        assert same == (a["kind"] == "worded_paraphrase") and a["prompt"] != b["prompt"]
+        kinds[a["kind"]] = kinds.get(a["kind"], 0) + 1
+    assert len(pairs) == 240 and kinds["worded_paraphrase"] == 80 and kinds["worded_edit"] == 160

@@ -436,6 +436,13 @@ IGNORED_WORDS: Dict[str, Tuple[str, ...]] = {
     "shade": ("pale", "dark", "light", "soft", "vivid"),
     "filler": ("a short clip:", "please show", "a simple animation:", "high quality, 4k:"),
 }
+# Words of the same kinds, none shared with IGNORED_WORDS, for calibration pairs: a calibration
+# learns what ignored words do to the early states without having seen the workloads' own.
+CALIBRATION_IGNORED_WORDS: Dict[str, Tuple[str, ...]] = {
+    "speed": ("briskly", "lazily", "rapidly", "calmly"),
+    "shade": ("bright", "deep", "muted", "faded"),
+    "filler": ("footage:", "in this video,", "watch:", "scene:"),
+}
 
 
 def _in_case_of(word: str, found: str) -> str:
@@ -443,17 +450,18 @@ def _in_case_of(word: str, found: str) -> str:
 
 
 def with_ignored_words(phrasing: Phrasing, rng: random.Random, max_tokens: Optional[int] = MAX_TOKENS,
-                       count: Callable[[str], int] = token_count) -> str:
-    """``phrasing``'s text with one to three words the world ignores (:data:`IGNORED_WORDS`),
+                       count: Callable[[str], int] = token_count,
+                       vocabulary: Dict[str, Tuple[str, ...]] = IGNORED_WORDS) -> str:
+    """``phrasing``'s text with one to three words the world ignores (from ``vocabulary``),
     of different kinds: a speed after an object's motion, a shade before a one-word colour, a
     filler in front. The tagged pieces stay as they were, so the text still describes exactly
     its scene; a word that would take it past ``max_tokens`` is left out (compose the phrasing
     with room to spare to have every word)."""
     text, wanted, added = phrasing.text, rng.choice((1, 2, 3)), 0
-    for kind in rng.sample(list(IGNORED_WORDS), len(IGNORED_WORDS)):
+    for kind in rng.sample(list(vocabulary), len(vocabulary)):
         if added == wanted:
             break
-        word = rng.choice(IGNORED_WORDS[kind])
+        word = rng.choice(vocabulary[kind])
         if kind == "filler":
             new = _in_case_of(word, text.split(" ", 1)[0]) + " " + text
         else:
