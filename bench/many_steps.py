@@ -121,10 +121,19 @@ def beyond(r: dict, psnr_bound: float) -> bool:
     return r["psnr"] < psnr_bound or (r["ok_full"] and not r["ok"])
 
 
+def p_at_alpha(k: int, n: int, alpha: float) -> float | None:
+    """P(at least k false accepts in n | a rate of exactly α): one-sided, exact. A bin whose
+    rate sits above α with a large p is what a rate at α gives by chance; a small p says the
+    rate is above α."""
+    from carnator_core.calibration.risk_control import binomial_cdf
+    return (1.0 - binomial_cdf(k - 1, n, alpha) if k else 1.0) if n else None
+
+
 def rate_block(recs: list[dict], psnr_bound: float, alpha: float) -> dict:
     k = sum(beyond(r, psnr_bound) for r in recs)
     return {"count": len(recs), "false_accepts": k, "rate": k / len(recs) if recs else None,
-            "ci95": interval(k, len(recs)), "above_alpha": bool(recs) and k / len(recs) > alpha}
+            "ci95": interval(k, len(recs)), "above_alpha": bool(recs) and k / len(recs) > alpha,
+            "p_at_alpha": p_at_alpha(k, len(recs), alpha)}
 
 
 def share_of(r: dict, key: str) -> float | None:
@@ -184,7 +193,7 @@ def budget_row(recs: list[dict], sweep_row: dict, psnr_bound: float, alpha: floa
 
 
 def summarise(part: dict, workload: str, budgets, min_hits: int) -> dict:
-    settings, bound = part["settings"], part["settings"]["psnr_bound"]
+    bound = part["settings"]["psnr_bound"]
     sweep = {f"{p['risk_budget']:g}": p for p in part["sweeps"][workload]["carnator"]}
     records = part.get("records", {}).get(workload)
     if not records:

@@ -117,6 +117,9 @@ def test_many_steps_bins_and_intervals():
     assert [b["count"] for b in bins.values()] == [20, 20, 20, 20]
     assert bins[">75%"]["false_accepts"] == 5 and bins["<25%"]["false_accepts"] == 0
     assert not bins[">75%"]["over_alpha_with_30_hits"] and row["by_reuse_share"]["holds"]  # 20 < 30 hits
+    # 5 of 20 is far above 5%: a rate of 5% gives that by chance 0.3% of the time (1 − Σ_{i<5} C(20,i)·.05^i·.95^(20−i))
+    assert abs(bins[">75%"]["p_at_alpha"] - 0.0026) < 0.0002 and bins["<25%"]["p_at_alpha"] == 1.0
+    assert abs(ms.p_at_alpha(2, 39, 0.05) - 0.587) < 0.001  # 2 of 39 at α = 5%: chance, though above α
     judged = ms.budget_row(recs, {}, 30.0, 0.05, 20)["by_reuse_share"]
     assert judged["bins"][">75%"]["over_alpha_with_30_hits"] and not judged["holds"]
     for r in recs:
