@@ -385,6 +385,33 @@ def _random_edit(scene, rng):
     return s, f"change_{attr}"
 
 
+def _pairs_apart(n_pairs, first_group, exclude, seed, first_seed, edit_count, caption, kind):
+    """Pairs (anchor, variant) of random scenes ``edit_count(i, rng)`` edits apart
+    (``_random_edit``; 0: the same scene), each side worded by ``caption(scene, rng)``, one seed
+    per pair, prompts outside ``exclude``; ``kind(edits)`` names the pair."""
+    exclude = set(exclude)
+    rng = random.Random(seed)
+    lines, group = [], first_group
+    while group < first_group + n_pairs:
+        anchor = WD.random_scene(rng, 1 if rng.random() < 0.25 else 2)
+        scene, edits = anchor, []
+        for _ in range(edit_count(group - first_group, rng)):
+            scene, what = _random_edit(scene, rng)
+            edits.append(what)
+        if edits and WD.scene_key(scene) == WD.scene_key(anchor):
+            continue
+        pa, pb = caption(anchor, rng), caption(scene, rng)
+        if pa in exclude or pb in exclude or pa == pb:
+            continue
+        req_seed = first_seed + rng.randrange(100_000)
+        for role, p, s in (("anchor", pa, anchor), ("variant", pb, scene)):
+            lines.append({"prompt": p, "seed": req_seed, "seed_policy": "same_seed", "group": group,
+                          "kind": kind(edits), "edits": "+".join(edits), "role": role,
+                          "scene": scene_field(s)})
+        group += 1
+    return lines
+
+
 def edit_pairs(n_pairs=240, first_group=0, exclude=(), seed=3131, first_seed=2_100_000):
     """Pairs one to three edits of the whole scene grammar apart (``_random_edit``: any
     attribute of either object changed or swapped between them, objects added or removed),
@@ -392,27 +419,8 @@ def edit_pairs(n_pairs=240, first_group=0, exclude=(), seed=3131, first_seed=2_1
     reuse compute most of the frame itself. The gate certifies other evidence per share of the
     tokens it recomputes; a share cell is only as good as the edits its pairs hold, and the
     other pair kinds reach the large shares mostly through unrelated scenes."""
-    exclude = set(exclude)
-    rng = random.Random(seed)
-    lines, group = [], first_group
-    while group < first_group + n_pairs:
-        anchor = WD.random_scene(rng, 1 if rng.random() < 0.25 else 2)
-        scene, edits = anchor, []
-        for _ in range(rng.choice((1, 1, 2, 3))):
-            scene, what = _random_edit(scene, rng)
-            edits.append(what)
-        if WD.scene_key(scene) == WD.scene_key(anchor):
-            continue
-        pa, pb = WD.caption(anchor, rng), WD.caption(scene, rng)
-        if pa in exclude or pb in exclude or pa == pb:
-            continue
-        req_seed = first_seed + rng.randrange(100_000)
-        for role, p, s in (("anchor", pa, anchor), ("variant", pb, scene)):
-            lines.append({"prompt": p, "seed": req_seed, "seed_policy": "same_seed", "group": group,
-                          "kind": "scene_edit", "edits": "+".join(edits), "role": role,
-                          "scene": scene_field(s)})
-        group += 1
-    return lines
+    return _pairs_apart(n_pairs, first_group, exclude, seed, first_seed,
+                        lambda i, rng: rng.choice((1, 1, 2, 3)), WD.caption, lambda edits: "scene_edit")
 
 
 def _caption_with_ignored_words(scene, rng):
@@ -435,28 +443,9 @@ def wording_pairs(n_pairs=240, first_group=0, exclude=(), seed=3232, first_seed=
     (``_random_edit``). The calibration's other pairs carry no ignored word, so the early states
     they calibrate never moved with one; these do, in calibration families and words of its own
     (the fresh-wording workloads keep the held-out families and IGNORED_WORDS)."""
-    exclude = set(exclude)
-    rng = random.Random(seed)
-    lines, group = [], first_group
-    while group < first_group + n_pairs:
-        anchor = WD.random_scene(rng, 1 if rng.random() < 0.25 else 2)
-        scene, edits = anchor, []
-        if (group - first_group) % 3:
-            for _ in range(rng.choice((1, 1, 2))):
-                scene, what = _random_edit(scene, rng)
-                edits.append(what)
-            if WD.scene_key(scene) == WD.scene_key(anchor):
-                continue
-        pa, pb = _caption_with_ignored_words(anchor, rng), _caption_with_ignored_words(scene, rng)
-        if pa in exclude or pb in exclude or pa == pb:
-            continue
-        req_seed = first_seed + rng.randrange(100_000)
-        kind = "worded_edit" if edits else "worded_paraphrase"
-        for role, p, s in (("anchor", pa, anchor), ("variant", pb, scene)):
-            lines.append({"prompt": p, "seed": req_seed, "seed_policy": "same_seed", "group": group,
-                          "kind": kind, "edits": "+".join(edits), "role": role, "scene": scene_field(s)})
-        group += 1
-    return lines
+    return _pairs_apart(n_pairs, first_group, exclude, seed, first_seed,
+                        lambda i, rng: rng.choice((1, 1, 2)) if i % 3 else 0, _caption_with_ignored_words,
+                        lambda edits: "worded_edit" if edits else "worded_paraphrase")
 
 
 # ------------------------------------------------------------------ unseen_edits
