@@ -185,6 +185,9 @@ def main(argv=None) -> dict:
                     help="measure only pair groups i, i+N, … (run N of these in parallel, then "
                          "re-fit from their measurement files with --instances)")
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--size", default=None, metavar="FRAMESxPIXELS",
+                    help="generate at this size (a size of tinyworld.world.SIZES for the multi-size model, "
+                         "models/tinyworld_multisize/); default the bundled model's 4x32")
     ap.add_argument("--kinds", nargs="+", default=None, help="only pairs of these kinds")
     ap.add_argument("--groups-from", type=int, default=None, help="only pair groups from this number on")
     ap.add_argument("--fill-calls", type=int, default=None,
@@ -248,7 +251,7 @@ def main(argv=None) -> dict:
     from carnator_core.gate import DEFAULT_PROBE_FRACTION, UNNAMED_PROBE_FRACTION, GateSettings, RiskModel, same_probe
     from carnator_core.pipeline import ReuseSettings
     a.probe_fraction = DEFAULT_PROBE_FRACTION if a.probe_fraction is None else a.probe_fraction
-    world = World(a.model or DEFAULT_MODEL, steps=a.steps, cfg=a.cfg, threads=a.threads)
+    world = World(a.model or DEFAULT_MODEL, steps=a.steps, cfg=a.cfg, threads=a.threads, size=a.size)
     if a.easycache is not None:  # every computation, the full ones included, with EasyCache
         world = eased(world, a.easycache)
     fp = world.fingerprint
@@ -323,7 +326,7 @@ def main(argv=None) -> dict:
     held = CAL.split(instances, a.holdout)[1]
     rows, labels = CAL.rows_of(instances)
     report = {
-        "model_fingerprint": fp, "psnr_bound": a.psnr_bound, "steps": a.steps, "cfg": a.cfg,
+        "model_fingerprint": fp, "size": world.size, "psnr_bound": a.psnr_bound, "steps": a.steps, "cfg": a.cfg,
         "probe_fraction": a.probe_fraction, "easycache": a.easycache,
         **fitted,
         "risk_model": {"weights": model.weights, "depth_weights": model.depth_weights, "bias": model.bias,

@@ -122,7 +122,10 @@ class World:
     """The ComfyUI tiny-world model plus everything a request needs."""
 
     def __init__(self, model_path: str = DEFAULT_MODEL, steps: int = 20, cfg: float = 4.0,
-                 sampler: str = "euler", scheduler: str = "simple", threads: int = 1):
+                 sampler: str = "euler", scheduler: str = "simple", threads: int = 1,
+                 size: str | None = None):
+        """``size``: 'FRAMESxPIXELS' (e.g. '8x48', a size the multi-size model is trained on);
+        None: the bundled model's 4 frames of 32 px."""
         from comfy_host import import_comfy
         import_comfy()
         torch.set_num_threads(threads)
@@ -131,7 +134,9 @@ class World:
         self.model_path = model_path
         self.model = comfy.sd.load_diffusion_model(model_path)
         self.steps, self.cfg, self.sampler, self.scheduler = steps, cfg, sampler, scheduler
-        self.latent_shape = (1, 16, WD.T, WD.H // 2, WD.W // 2)
+        frames, pixels = WD.parse_sizes(size)[0] if size else (WD.T, WD.H)
+        self.size = f"{frames}x{pixels}"
+        self.latent_shape = (1, 16, frames, pixels // 2, pixels // 2)
         self._cond: dict[str, list] = {}
         self.negative = self.cond("")
         self.meter = compute_meter(self.model)
@@ -139,7 +144,8 @@ class World:
     def cond(self, prompt: str):
         if prompt not in self._cond:
             from tinyworld import text as TXT
-            self._cond[prompt] = TXT.conditioning(prompt)
+            _, _, frames, h, w = self.latent_shape
+            self._cond[prompt] = TXT.conditioning(prompt, frames, h, w)
         return self._cond[prompt]
 
     def latent(self) -> dict:
@@ -767,6 +773,9 @@ def main(argv=None) -> dict:
                     help="skip the carnator_sparse system (Carnator at the main budget, sparse attention on)")
     ap.add_argument("--threads", type=int, default=1,
                     help="torch threads (1 is fastest on a shared 2-core machine)")
+    ap.add_argument("--size", default=None, metavar="FRAMESxPIXELS",
+                    help="generate at this size (the multi-size model's sizes, tinyworld.world.SIZES); "
+                         "default the bundled model's 4x32")
     ap.add_argument("--out", default=os.path.join(RESULTS, "tinyworld.json"))
     ap.add_argument("--no-plots", action="store_true")
     ap.add_argument("--fill-calls", type=int, default=None,
@@ -798,7 +807,7 @@ def main(argv=None) -> dict:
     from carnator_core.gate import DEFAULT_PROBE_FRACTION, GateSettings, RiskModel
     from carnator_core.pipeline import ReuseSettings
     a.probe_fraction = DEFAULT_PROBE_FRACTION if a.probe_fraction is None else a.probe_fraction
-    world = World(a.model, steps=a.steps, cfg=a.cfg, threads=a.threads)
+    world = World(a.model, steps=a.steps, cfg=a.cfg, threads=a.threads, size=a.size)
     fp = world.fingerprint
     rm_path = default_risk_model(fp, a.probe_fraction, a.steps) if a.risk_model == "auto" else (None if a.risk_model == "prior" else a.risk_model)
     rm = RiskModel.load(rm_path) if rm_path else RiskModel(probe_fraction=a.probe_fraction)
@@ -809,7 +818,7 @@ def main(argv=None) -> dict:
     probe_steps = settings.probe_steps(a.steps)
     band_depths = [snaps[1], snaps[len(snaps) // 2], snaps[-1]] if len(snaps) >= 3 else snaps
     results = {"workloads": {}, "sweeps": {}, "comparison": {}, "breakdown": {},
-               "settings": {"model": os.path.relpath(a.model, REPO), "fingerprint": fp,
+               "settings": {"model": os.path.relpath(a.model, REPO), "fingerprint": fp, "size": world.size,
                             "steps": a.steps, "cfg": a.cfg, "sampler": world.sampler,
                             "scheduler": world.scheduler, "psnr_bound": a.psnr_bound,
                             "budgets": budgets, "main_budget": a.main_budget,
