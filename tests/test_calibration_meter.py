@@ -11,7 +11,7 @@ import torch
 
 from carnator_core.calibration import pairs as prompt_pairs
 from carnator_core.calibration.generic import progress_path, report_text
-from carnator_core.calibration.meter import ComputeMeter, CostLedger, PairCost, pair_cost
+from carnator_core.calibration.meter import ComputeMeter, CostLedger, PairCost, at_served_size, pair_cost
 from carnator_core.calibration.tolerance import Tolerance
 from carnator_core.comfy_adapter import attach_meter, calibrate_model, model_fingerprint
 from carnator_core.gate import calibration_file
@@ -47,6 +47,27 @@ def test_a_full_generation_reads_one_and_a_reuse_from_k_the_steps_left(wan21, re
     before = meter.rows
     run.sample(0, STEPS, None)
     assert meter.rows == before  # detached: nothing counted any more
+
+
+def test_a_generation_at_a_proxy_size_reads_its_token_share_of_the_served_size(wan21, requests_in):
+    """What a calibration at a smaller size costs at the served size: the meter's rows of one
+    generation at each size, converted by at_served_size, are exactly the token ratio."""
+    small, served = (1, 16, 2, 8, 8), (1, 16, 4, 16, 16)
+    rows = []
+    for shape in (small, served):
+        meter = ComputeMeter()
+        detach = attach_meter(wan21, meter)
+        try:
+            run = requests_in.run_obj(wan21, "wan21", "a red ball rolls left", seed=3, shape=shape, steps=STEPS)
+            run.sample(0, STEPS, None)
+        finally:
+            detach()
+        rows.append(meter.rows)
+    tokens = [t * (h // 2) * (w // 2) for _, _, t, h, w in (small, served)]
+    assert rows == [STEPS * n * 2 for n in tokens]
+    assert at_served_size(1.0, *tokens) == pytest.approx(rows[0] / rows[1]) == pytest.approx(1 / 8)
+    with pytest.raises(ValueError, match="positive"):
+        at_served_size(1.0, 0, tokens[1])
 
 
 @pytest.mark.parametrize("recipe", ["default", "fill_on_m"])

@@ -14,6 +14,7 @@ import repo_scripts
 
 REPO = Path(__file__).resolve().parent.parent
 MODEL = REPO / "models" / "tinyworld" / "carnator_tinyworld_wan21.safetensors"
+MULTISIZE = REPO / "models" / "tinyworld_multisize" / "carnator_tinyworld_wan21.safetensors"
 METRICS = {"hit_rate", "false_accept_rate", "hit_speedup", "workload_speedup", "miss_overhead",
            "psnr_hits_mean", "ssim_hits_mean", "checker_accuracy", "checker_accuracy_full"}
 
@@ -240,6 +241,29 @@ def test_committed_model_follows_colour_and_position_words():
         for k in agree:
             agree[k] += int(res[k] >= 1.0)
     assert agree["colour"] >= n - 1 and agree["position"] >= n - 1, agree
+
+
+@pytest.mark.parametrize("size", ["2x16", "8x48"])
+def test_multisize_model_follows_colour_and_position_words_at_its_smallest_and_largest_size(size):
+    """The committed multi-size weights (models/tinyworld_multisize/, scripts/
+    train_tinyworld_multisize.sh) generate at the proxy size a calibration runs at and the size
+    it serves: the benchmark's World makes a video of that size (latent and coordinate frames
+    alike) and its colour and quadrant follow the caption, through ComfyUI's loader and sampler."""
+    from tinyworld import checker as CH
+    from tinyworld import world as WD
+    world = _bench().World(str(MULTISIZE), steps=20, size=size)
+    frames, pixels = WD.parse_sizes(size)[0]
+    rng = random.Random(7)
+    agree, n = {"colour": 0, "position": 0}, 4
+    for i in range(n):
+        scene = WD.random_scene(rng, 1)
+        prompt = WD.caption(scene, rng)
+        video = world.full(prompt, 2000 + i, "same_seed")["video"]
+        assert tuple(video.shape) == (3, frames, pixels, pixels)
+        res = CH.check(video, prompt)
+        for k in agree:
+            agree[k] += int(res[k] >= 1.0)
+    assert agree == {"colour": n, "position": n}, agree
 
 
 def test_compose_report_matches_quality_on_easycache_s_own_sweep():

@@ -55,6 +55,17 @@ def pair_cost(instances: list[dict], steps: int) -> float:
     return 2.0 + sum(reuse_steps(d, steps) for inst in instances for d in inst["depths"]) / steps
 
 
+def at_served_size(generations: float, calibrated_tokens: int, served_tokens: int) -> float:
+    """Generation-equivalents counted at one size, in generations of another: a calibration run
+    at a proxy size (fewer frames, fewer pixels) costs its token rows, and one generation at the
+    served size brings ``served_tokens`` rows per call. Token rows, not FLOPs: attention grows
+    with the square of the tokens, so this overstates a smaller size's share of the arithmetic;
+    on real hardware a small size's calls are overhead-bound, which this understates."""
+    if calibrated_tokens <= 0 or served_tokens <= 0:
+        raise ValueError(f"token counts must be positive, got {calibrated_tokens} and {served_tokens}")
+    return generations * calibrated_tokens / served_tokens
+
+
 # ------------------------------------------------------------------ one calibration's ledger
 @dataclass
 class PairCost:
