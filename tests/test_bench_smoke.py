@@ -174,6 +174,23 @@ def test_cheap_calibration_benchmark_parses_its_arguments():
     assert printed.startswith("usage:") and "--budgets" in printed and "--paraphrase-share" in printed
 
 
+def test_proxy_size_study_reproduces_its_committed_numbers_from_the_committed_runs(tmp_path):
+    """bench/results/proxy_size.json is read from the committed runs, not typed in: reading
+    them again (nothing measured, no timing) gives the same served rows, label agreement and
+    cut curve, and the cost at the served size is the calibrated size's by its token share."""
+    target = tmp_path / "proxy_size.json"
+    run(["bench/studies/proxy_size.py", "--no-timing", "--no-cost-rows", "--out", str(target)], timeout=600)
+    got = json.loads(target.read_text())
+    committed = json.loads((REPO / "bench" / "results" / "proxy_size.json").read_text())
+    for key in ("cost", "certified", "served", "fresh_pairs_at_both_sizes", "served_pairs_replay", "curve",
+                "cheap_at_calibrated_size"):
+        assert got[key] == committed[key], key
+    assert got["cost"]["generations_at_served_size"] == pytest.approx(
+        got["cost"]["generations_at_calibrated_size"] * 32 / 1152, abs=0.05)
+    assert set(got["served"]) == {"serve", "serve_reworded", "iterate", "novel"}
+    assert all(w["size"] == "8x48" for w in got["served"].values())
+
+
 STUDIES = sorted(p.name for p in (REPO / "bench" / "studies").glob("*.py") if p.name != "study_paths.py")
 
 

@@ -151,18 +151,32 @@ def main(argv=None) -> dict:
     ap.add_argument("--no-cost-rows", action="store_true", help="leave bench/results/calibration_cost.json alone")
     ap.add_argument("--folder", default=FOLDER, help="where the measurements and the calibration go")
     ap.add_argument("--out", default=OUT)
+    ap.add_argument("--model", default=None, help="calibrate this model (default: the bundled tiny world)")
+    ap.add_argument("--size", default=None, metavar="FRAMESxPIXELS",
+                    help="at this size (the multi-size model's; bench/studies/proxy_size.py)")
+    ap.add_argument("--heldout", nargs="+", default=None, metavar="JSONL",
+                    help="replay on these measurement files (e.g. pairs measured at the served size) "
+                         "instead of the full calibration's held-out part")
+    ap.add_argument("--full", default=None, metavar="JSON",
+                    help="with --heldout: the calibration whose saved steps the kept share is counted "
+                         "against (default: the bundled one)")
     a = ap.parse_args(argv)
     t_start = time.time()
     from calibrate import _load_bench
     bench = _load_bench()
     from carnator_core.gate import GateSettings
     from carnator_core.pipeline import ReuseSettings
-    world = bench.World(bench.DEFAULT_MODEL, steps=STEPS, cfg=4.0, threads=a.threads)
+    world = bench.World(a.model or bench.DEFAULT_MODEL, steps=STEPS, cfg=4.0, threads=a.threads, size=a.size)
     fp = world.fingerprint
     settings = ReuseSettings(probe_fraction=PROBE, gate=GateSettings(), region_fill_on_m=True, region_margin=1,
                              other_finish_calls=4, other_finish_region=True)
     train, held = full_calibration()
     bundled, transferred = transferred_model(train)
+    reference = bundled
+    if a.heldout:  # checked elsewhere (another size), against another full calibration
+        from carnator_core.gate import RiskModel
+        held = [i for path in a.heldout for i in CAL.load_instances(path)]
+        reference = RiskModel.load(a.full) if a.full else bundled
     top = max(a.budgets)
     pairs = tinyworld_pairs(cheap.pairs_for_budget(top), a.paraphrase_share)
     used = workload_seeds() & {SEED + p["group"] for p in pairs}
@@ -186,8 +200,10 @@ def main(argv=None) -> dict:
     for budget in sorted(a.budgets):  # one calibration continued budget by budget, as a user would
         rows = cheap.measure(pairs, make_run, settings, transferred, cheap.cheap_progress_path(path), STEPS, SEED,
                              judge, meter=world.meter, ledger=CostLedger(budget_generations=budget))
-    full = {f"{al:g}": replay(bundled, held, al) for al in ALPHAS}
-    out = {"model_fingerprint": fp, "steps": STEPS, "probe_fraction": PROBE, "psnr_bound": PSNR_BOUND,
+    full = {f"{al:g}": replay(reference, held, al) for al in ALPHAS}
+    out = {"model_fingerprint": fp, "size": world.size, "steps": STEPS,
+           "heldout_files": [os.path.relpath(p, REPO) for p in a.heldout or []],
+           "full_reference": os.path.relpath(a.full, REPO) if a.full else None, "probe_fraction": PROBE, "psnr_bound": PSNR_BOUND,
            "paraphrase_share": a.paraphrase_share, "heldout_pairs": len(held) // 2, "heldout_directions": len(held),
            "transferred": {"ladder": ladder.points, "source": transferred.source,
                            "bundled_thresholds": {k: v for k, v in bundled.thresholds.items() if ":" not in k}},
