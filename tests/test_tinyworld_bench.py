@@ -50,7 +50,7 @@ def test_workload_files_shipped():
 
 def test_calibration_fit_save_load_and_gate_rule(tmp_path):
     from carnator_core.calibration import fit as CAL
-    from carnator_core.gate import RiskModel, risk_model_for
+    from carnator_core.gate import risk_model_for
     rng = random.Random(0)
     instances = []
     for g in range(60):
