@@ -187,7 +187,7 @@ def test_proxy_size_study_reproduces_its_committed_numbers_from_the_committed_ru
         assert got[key] == committed[key], key
     assert got["cost"]["generations_at_served_size"] == pytest.approx(
         got["cost"]["generations_at_calibrated_size"] * 32 / 1152, abs=0.05)
-    assert set(got["served"]) == {"serve", "serve_reworded", "iterate", "novel"}
+    assert set(got["served"]) == {"serve", "serve_reworded", "iterate", "iterate_replicate", "novel"}
     assert all(w["size"] == "8x48" for w in got["served"].values())
 
 
