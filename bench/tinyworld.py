@@ -890,12 +890,12 @@ def main(argv=None) -> dict:
                 sp = run_carnator(world, lines, refs, a.main_budget, rm_path, a.psnr_bound, True, workdir,
                                   fill_calls, a.min_saving, a.recurring_sources, a.probe_fraction)[0]
                 results["workloads"][name]["carnator_sparse"] = {**sp, "risk_budget": a.main_budget}
-            results["sweeps"][name] = {"carnator": [{"risk_budget": b, **m} for b, (m, _) in carn.items()]}
+            text_points = [{"threshold": t, **m} for t, (m, _) in (text_sweep or {}).items()]
+            results["sweeps"][name] = {**({"text": text_points} if text_sweep is not None else {}),
+                                       "carnator": [{"risk_budget": b, **m} for b, (m, _) in carn.items()]}
             results["breakdown"][name] = {"carnator": breakdown(carn[a.main_budget][1], a.psnr_bound)}
             if text_sweep is None:
                 continue
-            results["sweeps"][name] = {"text": [{"threshold": t, **m} for t, (m, _) in text_sweep.items()],
-                                       **results["sweeps"][name]}
             tf, cf = text_sweep[tau][0]["false_accept_rate"], main_c["false_accept_rate"]
             results["comparison"][name] = {
                 "note": "text point = the τ whose hit rate is closest to Carnator's at the main budget",

@@ -51,7 +51,7 @@ from carnator_core.calibration import fit as CAL  # noqa: E402
 from carnator_core.calibration.meter import at_served_size, pair_cost  # noqa: E402
 from carnator_core.calibration.risk_control import clopper_pearson_upper  # noqa: E402
 from carnator_core.gate import evidence_class  # noqa: E402
-from cheap_calibration import replay  # noqa: E402 - the gate's decisions on measured pairs, with steps
+from cheap_calibration import replay, workload_seeds  # noqa: E402 - the gate's decisions on measured pairs
 
 RESULTS = os.path.join(REPO, "bench", "results")
 STUDIES = os.path.join(RESULTS, "studies")
@@ -80,11 +80,7 @@ def fresh_pairs() -> list[dict]:
     lines = MW._pairs(MW.CALIBRATION_KINDS, FRESH_CALIBRATION_KIND_PAIRS, 7007, 7_700_000, 7_800_000)
     lines += MW.edit_pairs(FRESH_SCENE_EDIT_PAIRS, first_group=FRESH_CALIBRATION_KIND_PAIRS, seed=7171,
                            first_seed=7_900_000)
-    taken = set()
-    for path in glob.glob(os.path.join(REPO, "bench", "workloads", "*.jsonl")):
-        with open(path) as f:
-            taken |= {int(json.loads(x)["seed"]) for x in f if x.strip()}
-    clash = {ln["seed"] for ln in lines} & taken
+    clash = {ln["seed"] for ln in lines} & workload_seeds()
     assert not clash, f"fresh pairs reuse workload seeds {sorted(clash)[:5]}"
     return lines
 
@@ -144,11 +140,11 @@ def curve(small: list[dict], served: list[dict], ratio: float, full: dict, draws
     the first pairs whose cost stays within each budget, fitted and certified as
     bench/calibrate.py does, each draw's decisions replayed on the served-size pairs."""
     from carnator_core.gate import RiskModel
-    out = []
+    measured, out = list(by_pair(small).values()), []
     for budget in CURVE:
         row = {"budget_generations": budget, "draws": []}
         for seed in range(draws):
-            pairs = list(by_pair(small).values())
+            pairs = list(measured)
             random.Random(seed).shuffle(pairs)
             part, spent = [], 0.0
             for p in pairs:
@@ -255,8 +251,9 @@ def main(argv=None) -> dict:
     ap.add_argument("--no-timing", action="store_true", help="leave out the side-by-side timing")
     ap.add_argument("--no-cost-rows", action="store_true", help="leave bench/results/calibration_cost.json alone")
     ap.add_argument("--out", default=OUT)
-    ap.add_argument("--write-fresh-pairs", metavar="JSONL", default=None,
-                    help="write the fresh pairs as a workload for bench/calibrate.py and stop")
+    ap.add_argument("--write-fresh-pairs", metavar="JSONL", nargs="?", const=FRESH_PAIRS, default=None,
+                    help="write the fresh pairs as a workload for bench/calibrate.py (default: "
+                         "bench/results/studies/multisize_fresh_pairs.jsonl) and stop")
     a = ap.parse_args(argv)
     if a.write_fresh_pairs:
         os.makedirs(os.path.dirname(os.path.abspath(a.write_fresh_pairs)), exist_ok=True)
@@ -278,7 +275,7 @@ def main(argv=None) -> dict:
         "cost": {"pairs": len(by_pair(small)), "generations_at_calibrated_size": round(cost_small, 1),
                  "generations_at_served_size": round(cost_small * ratio, 1),
                  "rule": "token rows: generation-equivalents at the calibrated size × its tokens / the served size's"},
-        "certified": {c: {k: v for k, v in t.items()} for c, t in model.thresholds.items() if ":" not in c},
+        "certified": {c: dict(t) for c, t in model.thresholds.items() if ":" not in c},
         "calibration_heldout_at_calibrated_size": report["heldout"],
         "served": served_rows(SERVED_RUNS),
         "fresh_pairs_at_both_sizes": label_transfer(small_fresh, served),
