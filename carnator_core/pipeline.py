@@ -311,7 +311,7 @@ def reuse(pr: ProbeResult, plan: Plan) -> tuple[torch.Tensor, Summary]:
         s.calibration = guarded(pr.cache, "reading the calibration status", lambda: status_line(
             model_status(pr.cache.folder, pr.klass.model_fingerprint, pr.gate_model,
                          pr.settings.probe_fraction, n),
-            pr.settings.gate.risk_budget, n),
+            pr.settings.gate.risk_budget, n, pr.record.thw),
             default="") or ""
     _finish_summary(pr, s, notes)
     return final, s

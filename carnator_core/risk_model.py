@@ -142,6 +142,10 @@ class RiskModel:
     # The steps N the reuses were measured with (0: not recorded). Depths transfer to another
     # N by their share of it; so does the span a region finish may cover (finish_allows).
     measured_steps: int = 0
+    # The latent sizes (frames, height, width, in latent units) the reuses were measured at;
+    # empty: not recorded. A calibration at a smaller size costs less by its share of the
+    # tokens; the status says when a request is of another size, where α is not certified.
+    measured_latents: list[list[int]] = field(default_factory=list)
     # Upper bounds of the bins of the token share a reuse with other evidence computes itself
     # (``REGION_SHARE_BOUNDS``): each bin's thresholds are certified apart (``share_cell``).
     # Empty: one class for all other evidence (files written before the bins).

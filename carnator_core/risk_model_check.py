@@ -73,6 +73,10 @@ def check_calibration(data: Any, path: str | Path, features: tuple[str, ...],
         if name in data and not _count(data[name]):
             raise bad(name, f"is {data[name]!r}, not a whole number ≥ 0")
 
+    latents = data.get("measured_latents", [])
+    if not isinstance(latents, list) or not all(
+            isinstance(t, list) and len(t) == 3 and all(_count(v) and v > 0 for v in t) for t in latents):
+        raise bad("measured_latents", f"is {latents!r}, not a list of [frames, height, width] sizes")
     _check_tolerance(data.get("tolerance"), bad)
     _check_per_class(data.get("finish_calls", {}), "finish_calls", classes, bad,
                      lambda v: _count(v) and v <= 1000, "a number of model calls")

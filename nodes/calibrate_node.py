@@ -35,7 +35,7 @@ class CarnatorCalibrate(io.ComfyNode):
                          "budget, it resumes where it stopped."),
             inputs=[
                 io.Model.Input("model", tooltip="The model to calibrate, exactly as your workflows load it (LoRAs and patches included)."),
-                io.Latent.Input("latent_image", tooltip="An empty latent of the size and length you generate (smaller is faster)."),
+                io.Latent.Input("latent_image", tooltip="An empty latent of the size and length you generate. A smaller one costs its share of the tokens; the file records the size, and larger requests are told α was measured at a smaller size (docs/calibration.md)."),
                 io.Clip.Input("clip", optional=True, tooltip="The model's text encoder. Without it the pack's demo text encoder is used (bundled demo models only)."),
                 io.Vae.Input("vae", optional=True, tooltip="Judge reuses on decoded frames. Without it, on the latent. Audits must then get the same VAE."),
                 io.String.Input("prompts", multiline=True, default="",

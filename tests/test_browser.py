@@ -453,6 +453,8 @@ def test_miss_then_hit_on_the_node_and_the_cache_tab(server):
             assert "calibrated: " in gate and "reuses measured" in gate, gate
             listed = server.get("/carnator/calibration")["models"][0]
             assert (f"measured at {listed['measured_steps']} steps" in gate) == bool(listed["measured_steps"]), gate
+            sizes = ", ".join("×".join(map(str, t)) for t in listed["measured_latents"])
+            assert (f", latent {sizes}" in gate) == bool(sizes), gate
             assert "no live audits yet" in gate, gate
             # the model is named as it was loaded (UNETLoader's file), its fingerprint on hover
             named = [m for m in server.get("/carnator/calibration")["models"] if m["names"]]

@@ -260,7 +260,8 @@ def test_a_calibration_at_another_n_is_kept_beside_the_first_and_used_at_its_n(t
 
     _, request = requests_in(model, "wan21", PROMPT)  # these requests sample 10 steps
     assert request.steps_total == 10
-    assert "gate: calibrated for probe_fraction 0.1 (" in request.calibration and "measured at" not in request.calibration, request.text()
+    assert "gate: calibrated for probe_fraction 0.1 (" in request.calibration, request.text()
+    assert "measured at 8 steps" not in request.calibration and "measured at 10 steps" not in request.calibration
     at_twelve = status_line(model_status(folder, fp, steps=12), 0.05, 12)
     assert "measured at 8 steps: at 12 the depths carry over" in at_twelve
 
@@ -276,6 +277,37 @@ def test_a_calibration_at_another_n_is_kept_beside_the_first_and_used_at_its_n(t
         risk_model_for(folder, fp, steps=10)
     _, refused = requests_in(model, "wan21", RELATED)
     assert "uncalibrated prior" in refused.calibration and "measured at 8 steps, not 10" in refused.calibration
+
+
+def test_a_calibration_records_its_latent_size_and_a_larger_request_is_told_it_is_not_certified(
+        tiny_models, requests_in):
+    """Calibrated at 3×8×8 latents, served at 3×16×16: the file and the report name the size
+    measured, and a request of the larger size is told that α was measured at a quarter of its
+    tokens and is not certified there; one of the measured size is told nothing of size."""
+    model = tiny_models["wan21"]
+    from carnator_core.comfy_adapter import model_fingerprint
+    fp, folder = model_fingerprint(model), Path(requests_in.cache_folder)
+    cal, report = calibrate(_tiny_runs(model, requests_in, 10)[0], prompt_pairs.pairs(n=4, seed=0),
+                            requests_in.settings, Tolerance(30.0, "latent"), folder, fp, 10)
+    assert cal.measured_latents == [[3, 8, 8]] and report["latents"] == [[3, 8, 8]]
+    assert "latent 3×8×8" in report_text(report)
+    assert risk_model_for(folder, fp, steps=10).measured_latents == [[3, 8, 8]]  # saved and read back
+
+    _, larger = requests_in(model, "wan21", PROMPT)  # the default latent, 3×16×16
+    assert "gate: calibrated" in larger.calibration, larger.text()
+    assert "measured at latent 3×8×8, 25% of this request's tokens" in larger.calibration
+    assert "not certified at this size" in larger.calibration
+    _, same = requests_in(model, "wan21", PROMPT, seed=8, shape=(1, 16, 3, 8, 8))
+    assert "gate: calibrated" in same.calibration and "measured at latent" not in same.calibration, same.text()
+    smaller = status_line(model_status(folder, fp, steps=10), 0.05, 10, (2, 8, 8))
+    assert "measured at latent 3×8×8, not this request's 2×8×8" in smaller
+
+    # a size that is not three positive counts is refused by name; the request runs on the prior
+    path = folder / "calibration" / f"{fp}.json"
+    data = json.loads(path.read_text())
+    path.write_text(json.dumps({**data, "measured_latents": [[3, 0, 8]]}))
+    with pytest.raises(ValueError, match="measured_latents"):
+        risk_model_for(folder, fp)
 
 
 # ------------------------------------------------------------------ a calibration per probe

@@ -187,6 +187,8 @@ class CachePanel {
         : m.calibrated ? `calibrated: ${m.measured_reuses.toLocaleString()} reuses measured` +
           // α is certified at the steps it was measured with; other N borrow it by depth share
           (m.measured_steps ? ` at ${m.measured_steps} steps` : "") +
+          // the latent sizes measured: a request of another size is not certified (its summary says so)
+          ((m.measured_latents ?? []).length ? `, latent ${m.measured_latents.map((t) => t.join("×")).join(", ")}` : "") +
           (tol ? `, PSNR on ${tol.space} ≥ ${tol.psnr_bound} dB` : "") + others
           : others ? `uncalibrated at probe_fraction ${m.probe_fraction}; calibrated for probe_fraction ${m.other_probes.join(", ")}`
           : "uncalibrated prior: α is a relative knob (run Carnator Calibrate)";

@@ -103,7 +103,8 @@ def calibration_id(model: RiskModel) -> str:
     # so the levels their audits tightened hold
     if same_probe(fields["probe_fraction"], UNNAMED_PROBE_FRACTION):
         del fields["probe_fraction"]
-    for name in ("region_fill_on_m", "region_margin", "measured_steps", "region_share_bounds"):
+    for name in ("region_fill_on_m", "region_margin", "measured_steps", "region_share_bounds",
+                 "measured_latents"):
         if name in fields and not fields[name]:
             del fields[name]
     return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:16]

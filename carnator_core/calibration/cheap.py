@@ -134,7 +134,8 @@ def ranking_for(transferred: RiskModel, settings: ReuseSettings, steps: int) -> 
         transferred, thresholds={}, finish_calls=finish,
         finish_region={"other": True} if settings.other_finish_region and finish.get("other") else {},
         region_fill_on_m=settings.region_fill_on_m, region_margin=settings.region_margin,
-        probe_fraction=float(settings.probe_fraction), measured_steps=steps, rejected=None)
+        probe_fraction=float(settings.probe_fraction), measured_steps=steps, measured_latents=[],
+        rejected=None)
 
 
 def recipe_differences(transferred: RiskModel, ranking: RiskModel) -> list[str]:
@@ -453,7 +454,8 @@ def fit_rows(rows: list[dict], transferred: RiskModel, settings: ReuseSettings, 
     instances = [i for r in rows for i in r["instances"]]
     reuses = [d for i in instances for d in i["depths"]]
     model = dataclasses.replace(ranking, thresholds=thresholds, confidence=1.0 - delta, calibrated=True,
-                                tolerance=tolerance, measured_reuses=len(reuses))
+                                tolerance=tolerance, measured_reuses=len(reuses),
+                                measured_latents=CAL.measured_latents(instances))
     model.source = (f"cheap calibration: ranking transferred ({transferred.source.split(';')[0]}), "
                     f"thresholds certified per cell on {len(rows)} prompt pairs ({len(reuses)} labelled "
                     f"reuses, pairs as clusters) by anytime-valid betting tests at {1 - delta:.0%} confidence")
@@ -497,7 +499,7 @@ def calibrate(make_run: Callable[[str, int], object], pairs: list[dict], setting
     model, report = fit_rows(rows, transferred, settings, steps, budgets, delta, tolerance.as_dict())
     report.update(model_fingerprint=fingerprint, steps=steps, probe_fraction=settings.probe_fraction,
                   region_fill_on_m=model.region_fill_on_m, region_margin=model.region_margin,
-                  cost=ledger.as_dict(), cost_generations=round(ledger.spent, 3),
+                  latents=model.measured_latents, cost=ledger.as_dict(), cost_generations=round(ledger.spent, 3),
                   seconds=round(time.perf_counter() - t0, 1), source=model.source)
     if any(report["certified"].values()):
         saved = CAL.save(model, cache_folder, fingerprint)

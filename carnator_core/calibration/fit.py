@@ -14,6 +14,7 @@ An *instance* is one (request, candidate) pair:
 from __future__ import annotations
 
 import json
+import math
 import random
 from pathlib import Path
 
@@ -320,6 +321,7 @@ def fit_and_certify(instances: list[dict], region_threshold: float, delta: float
     model.region_fill_on_m = measured_fill_on_m(instances)
     model.region_margin = measured_region_margin(instances)
     model.measured_steps = measured_steps(instances)
+    model.measured_latents = measured_latents(instances)
     model.region_share_bounds = [float(b) for b in region_share_bounds]
     certification = certify_model(model, held, delta=delta, max_region_fraction=max_region_fraction,
                                   joint=joint)
@@ -383,6 +385,13 @@ def measured_steps(instances: list[dict]) -> int:
     if len(seen) > 1:
         raise ValueError(f"measurements mix step counts {sorted(seen)}: calibrate each N apart")
     return seen.pop() if seen else 0
+
+
+def measured_latents(instances: list[dict]) -> list[list[int]]:
+    """The latent sizes [frames, height, width] the reuses were measured at, fewest tokens
+    first (live audits, and measurements from before sizes were recorded, name none)."""
+    sizes = {tuple(int(v) for v in inst["latent"]) for inst in instances if inst.get("latent")}
+    return [list(t) for t in sorted(sizes, key=lambda t: (math.prod(t), t))]
 
 
 def measured_fill_on_m(instances: list[dict]) -> bool:

@@ -87,7 +87,7 @@ def direction_evidence(request: FullRun, candidate: FullRun, settings: ReuseSett
     p = settings.probe_steps(steps)
     new_sig, old_sig = request.record.signature(p - 1), candidate.record.signature(p - 1)
     feats, region = evidence(new_sig, old_sig, new_sig.similarity(old_sig), region_threshold)
-    inst = {"features": feats, "depths": []}
+    inst = {"features": feats, "depths": [], "latent": [int(v) for v in request.record.thw]}
     if p > 1:  # what a one-step probe would have seen (issue 10: probe cost)
         new0, old0 = request.record.signature(0), candidate.record.signature(0)
         inst["features_step0"] = evidence(new0, old0, new0.similarity(old0), region_threshold)[0]
@@ -380,7 +380,7 @@ def calibrate(make_run: Callable[[str, int], object], pairs: list[dict], setting
     report.update(model_fingerprint=fingerprint, pairs=used, audits_used=len(audits),
                   steps=steps, source=model.source, thresholds=model.thresholds,
                   probe_fraction=settings.probe_fraction, region_fill_on_m=model.region_fill_on_m,
-                  region_margin=model.region_margin, cost=ledger.as_dict(),
+                  region_margin=model.region_margin, cost=ledger.as_dict(), latents=model.measured_latents,
                   cost_generations=round(ledger.spent, 3), seconds=round(time.perf_counter() - t0, 1))
     if report.get("not_fitted"):
         return model, report

@@ -187,8 +187,10 @@ def cost_text(report: dict) -> list[str]:
     if not cost:
         return []
     spent = cost["cost_generations"]
+    size = "×".join(str(v) for v in report["latents"][-1]) if report.get("latents") else ""
     lines = [f"cost: {spent:.1f} generation-equivalents (1.0 = one full generation at these steps "
-             f"and size; {cost['this_run_generations']:.1f} in this run, "
+             f"and size{f', latent {size} (frames×height×width)' if size else ''}; "
+             f"{cost['this_run_generations']:.1f} in this run, "
              f"{cost['carried_generations']:.1f} carried from the progress file), "
              f"{report.get('seconds', 0):.0f} s wall in this run"
              + (f"; {cost['pairs_by_rule']} pairs measured before the meter counted by rule"

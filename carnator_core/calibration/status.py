@@ -4,6 +4,7 @@ summary and the cache tab."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 from pathlib import Path
@@ -30,7 +31,7 @@ def model_status(cache_folder: str | Path, fingerprint: str, model: RiskModel | 
            "where": where, "source": model.source, "measured_reuses": model.measured_reuses,
            "tolerance": model.tolerance, "confidence": model.confidence,
            "certified_budgets": sorted({float(a) for t in model.thresholds.values() for a in t}),
-           "measured_steps": model.measured_steps,
+           "measured_steps": model.measured_steps, "measured_latents": model.measured_latents,
            "problem": problem, "audits": {}, "online": {}, "probe_fraction": float(probe_fraction),
            "other_probes": other_probes(folder, fingerprint, probe_fraction),
            # calibrations measured at one N, each used instead of the general one at its N
@@ -97,9 +98,27 @@ def known_fingerprints(cache_folder: str | Path, from_entries: list[str] = ()) -
     return sorted(found)
 
 
-def status_line(status: dict, alpha: float | None = None, steps: int | None = None) -> str:
-    """One line for a node summary (``steps``: the request's, to say when the calibration was
-    measured at another number of steps)."""
+def size_clause(measured: list[list[int]], latent: tuple[int, ...] | None) -> str:
+    """What the summary says of a request whose latent size the calibration was not measured
+    at: nothing where it was, or where either size is unknown."""
+    if not measured or not latent or [int(v) for v in latent] in measured:
+        return ""
+    size = "×".join(str(v) for v in measured[-1])
+    share = math.prod(measured[-1]) / max(1, math.prod(latent))
+    if share < 1:
+        # measured on the multi-size tiny world: calibrated at 1/36 of the served tokens, α = 5%
+        # and 10% held at the served size on five workloads (docs/calibration.md)
+        return (f" · measured at latent {size}, {share:.0%} of this request's tokens: a smaller-size "
+                "calibration (on the tiny world its α = 5% and 10% held at 36 times the tokens), "
+                "not certified at this size (calibrate at this size to make it a promise)")
+    return (f" · measured at latent {size}, not this request's {'×'.join(str(int(v)) for v in latent)}: "
+            "α is not certified at this size")
+
+
+def status_line(status: dict, alpha: float | None = None, steps: int | None = None,
+                latent: tuple[int, ...] | None = None) -> str:
+    """One line for a node summary (``steps``, ``latent``: the request's N and latent size
+    [frames, height, width], to say when the calibration was measured at another)."""
     if status["problem"]:
         return f"gate: uncalibrated prior, α is not a promise — {status['problem']}"
     if not status["calibrated"]:
@@ -126,6 +145,7 @@ def status_line(status: dict, alpha: float | None = None, steps: int | None = No
             # at 50 (docs/results.md, "Every budget at N = 30 and 50").
             line += (f" · measured at {measured} steps: at {steps} the depths carry over by their "
                      f"share and α is not certified (calibrate at {steps} steps to make it a promise)")
+        line += size_clause(status.get("measured_latents") or [], latent)
     a = status["audits"].get(f"{alpha:g}") if alpha is not None else None
     if a:
         al = a["all"]
