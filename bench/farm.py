@@ -1,15 +1,18 @@
 """Farm benchmark: N worker processes serve the tiny world's ``serve`` workload, once sharing
 one PostgreSQL cache and once each with a private SQLite cache, side by side.
 
-    nice -n 10 .venv/bin/python bench/farm.py --workers 3            # the whole serve workload
+    nice -n 10 .venv/bin/python bench/farm.py --workers 3 --records   # the whole serve workload
 
 Request i goes to worker i mod N (a load balancer's round robin); the workers run at the
-same time, each on one thread, the committed tiny-world model and its calibration. Written
-to bench/results/farm.json: per mode, hit rate (gate hits and exact repeats), the share of
-denoising steps computed, and the wall time of the whole workload; the speedup is private
-wall time over shared wall time, measured in the same run. It also checks lookup on real
-tiny-world signatures: every entry computed in full queries the shared cache (leave one
-out) and the top candidate is compared with the exhaustive ranking's.
+same time, each on one thread, the committed tiny-world model and its bundled calibration for
+the samplers' probe, at α = 5%. Written to bench/results/farm.json: per mode, hit rate (gate
+hits and exact repeats), the share of denoising steps computed, the wall time of the whole
+workload, and ``explained``: the requests grouped by what served them (a hit's source the same
+scene or not, stored by this worker or another) or the gate's reason for none, each group with
+its steps; ``--records`` keeps every request's record. The speedup is private wall time over
+shared wall time, measured in the same run. It also checks lookup on real tiny-world
+signatures: every stored entry queries the shared cache (leave one out) and the top candidate
+is compared with the exhaustive ranking's.
 """
 from __future__ import annotations
 

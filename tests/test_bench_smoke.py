@@ -90,6 +90,30 @@ def test_audit_stream_benchmark_smoke(tmp_path):
     assert r["audits_off"]["requests"] == 12
 
 
+def test_farm_benchmark_explains_every_request_by_its_records(tmp_path):
+    """Two workers, eight requests, shared PostgreSQL then private SQLite: every request not
+    served by a reuse carries the gate's reason, every hit names an entry this run stored,
+    and the explanation's groups partition the requests."""
+    sys.path.insert(0, str(REPO / "tests"))
+    from pg_cluster import pg_bin
+    if pg_bin() is None:
+        pytest.skip("PostgreSQL server not installed (.ci/run installs it)")
+    from carnator_core.gate import WHY_NOT
+    target = tmp_path / "farm.json"
+    run(["bench/farm.py", "--workers", "2", "--limit", "8", "--records", "--out", str(target)])
+    got = json.loads(target.read_text())
+    assert got["probe_fraction"] == 0.05 and got["steps_shared_over_private"] > 0
+    for row in got["rows"]:
+        recs = got["records"][row["mode"]]
+        assert len(recs) == row["requests"] == 8 and {r["worker"] for r in recs} == {0, 1}
+        stored = {r["stored_id"] for r in recs if r["stored_id"]}
+        for r in recs:
+            assert (r["outcome"] == "hit") == (not r["why"]) and (not r["why"] or r["why"] in WHY_NOT), r
+            assert r["outcome"] != "hit" or r["entry_id"] in stored, r
+        assert sum(g["requests"] for g in row["explained"].values()) == 8
+        assert sum(g["requests"] for k, g in row["explained"].items() if k.startswith("hit/")) == row["gate_hits"]
+
+
 def test_lookup_scale_benchmark_smoke(tmp_path):
     """Both backends at 300 synthetic entries: rows written, repeats found every time."""
     target = tmp_path / "lookup_scale.json"
