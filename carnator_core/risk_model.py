@@ -146,6 +146,10 @@ class RiskModel:
     # empty: not recorded. A calibration at a smaller size costs less by its share of the
     # tokens; the status says when a request is of another size, where α is not certified.
     measured_latents: list[list[int]] = field(default_factory=list)
+    # Per cell, thresholds the online certificate may walk besides the certified ones (the
+    # cheap procedure's transferred ranking offers them where too few labels certified any):
+    # the gate never runs at one until audits certify it (audit.ladder, online.certificates).
+    ladders: dict[str, list[float]] = field(default_factory=dict)
     # Upper bounds of the bins of the token share a reuse with other evidence computes itself
     # (``REGION_SHARE_BOUNDS``): each bin's thresholds are certified apart (``share_cell``).
     # Empty: one class for all other evidence (files written before the bins).

@@ -85,6 +85,7 @@ def check_calibration(data: Any, path: str | Path, features: tuple[str, ...],
     bounds = _check_share_bounds(data.get("region_share_bounds", []), bad)
     cells = tuple(classes) + tuple(f"other/{round(b * 100)}" for b in bounds)
     _check_thresholds(data.get("thresholds", {}), cells, bad)
+    _check_ladders(data.get("ladders", {}), cells, bad)
     if data.get("thresholds") and not data.get("calibrated"):
         raise bad("thresholds", "are set on a file that says it is not calibrated")
     return data
@@ -136,6 +137,18 @@ def _check_per_class(value: Any, name: str, classes: tuple[str, ...], bad, ok, w
             raise bad(f"{name}.{klass}", f"names no evidence class (one of {list(classes)})")
         if not ok(v):
             raise bad(f"{name}.{klass}", f"is {v!r}, not {what}")
+
+
+def _check_ladders(ladders: Any, cells: tuple[str, ...], bad) -> None:
+    """Per cell, a list of finite thresholds (depth shares for same-scene, else logits)."""
+    if not isinstance(ladders, dict):
+        raise bad("ladders", f"is {type(ladders).__name__}, not an object")
+    for cell, points in ladders.items():
+        if cell not in cells:
+            raise bad(f"ladders.{cell}", f"names no evidence cell (one of {sorted(cells)})")
+        lo, hi = (0.0, 1.0) if cell == "same_scene" else (-LOGIT_LIMIT, LOGIT_LIMIT)
+        if not isinstance(points, list) or not all(_finite(v) and lo <= v <= hi for v in points):
+            raise bad(f"ladders.{cell}", f"is {points!r}, not a list of finite numbers in [{lo:g}, {hi:g}]")
 
 
 def _check_thresholds(thresholds: Any, classes: tuple[str, ...], bad) -> None:

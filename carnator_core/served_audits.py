@@ -60,9 +60,10 @@ def _beyond_plan(pr: ProbeResult, ex: Exploring) -> Plan | None:
     deeper = copy.deepcopy(ex.model)
     for cell, lam in ex.beyond.items():
         own = ex.model.thresholds.get(cell)
+        deeper.thresholds.setdefault(cell, {})  # a cell certified at no budget yet: its first point
         for key, table in deeper.thresholds.items():
             # a finish certified with its cell's own table follows it (audit.online_model)
-            if key.split(":")[0] == cell and ex.model.thresholds[key] == own:
+            if key.split(":")[0] == cell and ex.model.thresholds.get(key) == own:
                 table[f"{alpha:g}"] = lam
     plan, _ = decide(pr.signature, ex.candidates, pr.run.steps, pr.probe_steps, deeper, ex.settings,
                      pr.settings.region_fill_calls, deeper.region_fill_on_m, region_share_of(pr))

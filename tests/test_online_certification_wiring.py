@@ -196,3 +196,33 @@ def test_explore_rate_zero_changes_nothing(calibrated, requests_in):
         rows = log.db.execute("SELECT feeds, explored FROM audits").fetchall()
     assert rows and all(x == 0 and len(json.loads(f)) == 1 for f, x in rows), rows
     assert {json.loads(f)[0] for f, _ in rows} <= {cal.threshold_for(ALPHA, "other")[1]}
+
+
+def test_a_cell_certified_at_no_budget_is_explored_from_its_ladder_and_certified_by_audits(calibrated,
+                                                                                          requests_in):
+    """A cheap calibration that certified no other-evidence threshold but kept the transferred
+    points as its ladder: the gate refuses RELATED's reuse; exploring runs it at the first
+    point (k = 2) and records it for the online certificate only; audits within tolerance at
+    that point then make the gate reuse there, and the summary says why."""
+    ctx, lam = calibrated, calibrated["lam"]
+    path = calibration_file(requests_in.cache_folder, ctx["fp"], requests_in.settings.probe_fraction)
+    data = json.loads(path.read_text())
+    path.write_text(json.dumps({**data, "thresholds": {"other": {}, "same_scene": {"0.2": 0.3}},
+                                "ladders": {"other": lam}}))
+    cal = RiskModel.load(path)
+    ctx = {**ctx, "calibration": cal}
+    refused = gate_plan(requests_in, ctx)
+    assert not refused.accept and refused.why == "not_certified", refused.reason
+    requests_in.settings.explore_rate = requests_in.settings.audit_rate = 1.0
+    _, s = requests_in(ctx["model"], "wan21", RELATED)
+    assert s.outcome == "miss" and s.steps_computed == s.steps_total and s.audit["explored"], s.text()
+    assert "explored k*=2" in s.text()
+    with audit.AuditLog(requests_in.cache_folder) as log:
+        rows = log.db.execute("SELECT k, feeds, explored FROM audits").fetchall()
+    assert [(k, json.loads(f), x) for k, f, x in rows] == [(2, [pytest.approx(lam[0])], 1)]
+    worker_records(requests_in, ctx, 120, 0, lam[0], start=0)  # explored, within tolerance
+    after = gate_plan(requests_in, ctx, RELATED + " today")  # RELATED itself is stored now
+    assert after.accept and f"online: other certified to score {lam[0]:.2f} at α 20%" in after.reason, after.reason
+    with audit.AuditLog(requests_in.cache_folder) as log:
+        extended = online.read(log, ctx["fp"], cal, ALPHA, lambda cells: online.gate_model(cal, ALPHA, cells)[0])
+    assert extended.threshold_for(ALPHA, "other") == (ALPHA, pytest.approx(lam[0]))

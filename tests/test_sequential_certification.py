@@ -4,12 +4,15 @@ Synthetic streams with known failure rates, seeded: the tests say when the anyti
 certificate must (and must not) claim risk ≤ α, over many seeds where the claim is about a
 probability. Slack on a share of seeds: three binomial standard deviations.
 """
+import json
 import math
 import random
 
 import numpy as np
+import pytest
 
 from carnator_core.calibration import audit
+from carnator_core.calibration import online as online_cert
 from carnator_core.calibration.sequential import GridCertifier, RiskSequence, audit_plan
 from carnator_core.gate import RiskModel
 
@@ -208,3 +211,32 @@ def test_audits_extend_the_gate_online_and_an_alarm_steps_it_back(tmp_path):
     assert back.threshold_for(0.1, "other") == (0.1, -3.0)
     assert log.levels(fp, calib, 0.1) == {}  # explored failures never trip the served-rate rule
     log.close()
+
+
+def test_a_cell_certified_at_no_budget_is_walked_online_from_its_ladder_points(tmp_path):
+    """A cheap calibration certifies nothing for other evidence but keeps the transferred
+    ranking's points as its ladder: the gate refuses that cell, the online certificate starts
+    below the first point, and explored audits at it, enough and within α, certify it — in a
+    file saved and loaded back, whether the cell's table is empty or absent."""
+    for thresholds in ({"other": {}, "same_scene": {"0.1": 0.7}}, {"same_scene": {"0.1": 0.7}}):
+        path = tmp_path / f"cal{len(thresholds)}.json"
+        RiskModel(calibrated=True, source="test", measured_reuses=40, thresholds=thresholds,
+                  ladders={"other": [-2.0, -3.0]}).save(path)
+        model, fp = RiskModel.load(path), "e" * 32
+        assert model.ladders == {"other": [-2.0, -3.0]} and model.threshold_for(0.1, "other") is None
+        assert not model.accepts({**OTHER, "depth_fraction": 0.1}, 0.1)
+        assert audit.ladder(model, "other") == [-3.0, -2.0]
+        log = audit.AuditLog(tmp_path / path.stem)
+        calib = audit.calibration_id(model)
+        assert online_cert.certificates(model, 0.1)["other"].operating() == -1  # below its first point
+        for i in range(300):  # explored reuses at the first point, one cluster per two audits
+            log.record(fp, calib, 0.1, OTHER, None, 10, 20, 40.0, 0, "latent", entry_id=f"e{i // 2}",
+                       feeds=[-3.0], explored=True)
+        online = audit.online_model(model, log.online(fp, model))
+        assert online.threshold_for(0.1, "other") == (0.1, -3.0)
+        assert model.threshold_for(0.1, "other") is None  # the loaded model is not changed
+        log.close()
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({**json.loads(path.read_text()), "ladders": {"other": ["x"]}}))
+    with pytest.raises(ValueError, match="ladders.other"):
+        RiskModel.load(bad)

@@ -104,7 +104,7 @@ def calibration_id(model: RiskModel) -> str:
     if same_probe(fields["probe_fraction"], UNNAMED_PROBE_FRACTION):
         del fields["probe_fraction"]
     for name in ("region_fill_on_m", "region_margin", "measured_steps", "region_share_bounds",
-                 "measured_latents"):
+                 "measured_latents", "ladders"):
         if name in fields and not fields[name]:
             del fields[name]
     return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:16]
@@ -348,9 +348,11 @@ def _index(grid: list[float], lam: float | None) -> int:
 
 def ladder(model: RiskModel, cell: str, extra=()) -> list[float]:
     """The thresholds the online certificate walks for a cell: every threshold its calibration
-    certified at any budget, and ``extra`` (e.g. deeper depth shares), strict → permissive.
-    Fixed before any audit, as fixed-sequence testing needs."""
-    return sorted({float(v) for v in model.thresholds.get(cell, {}).values()} | {float(v) for v in extra})
+    certified at any budget, the calibration's own further points (``model.ladders``) and
+    ``extra`` (e.g. deeper depth shares), strict → permissive. Fixed before any audit, as
+    fixed-sequence testing needs."""
+    return sorted({float(v) for v in model.thresholds.get(cell, {}).values()}
+                  | {float(v) for v in model.ladders.get(cell, ())} | {float(v) for v in extra})
 
 
 def online_model(model: RiskModel, certificates: dict[str, dict[str, GridCertifier]]) -> RiskModel:
@@ -372,9 +374,9 @@ def online_model(model: RiskModel, certificates: dict[str, dict[str, GridCertifi
         for cell, cert in cells.items():
             grid, op = cert.grid, cert.operating()
             keys = [k for k, table in model.thresholds.items()
-                    if k.split(":")[0] == cell and table == model.thresholds.get(cell)]
+                    if k.split(":")[0] == cell and table == model.thresholds.get(cell)] or [cell]
             for key in keys:
-                table = out.thresholds[key]
+                table = out.thresholds.setdefault(key, {})  # a cell certified at no budget offline has none
                 if op > cert.offline:      # extended: budget and every looser one
                     for b in [b for b in table if float(b) >= float(budget)] + [budget]:
                         table[b] = max(table.get(b, grid[op]), grid[op])

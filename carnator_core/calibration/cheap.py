@@ -135,7 +135,7 @@ def ranking_for(transferred: RiskModel, settings: ReuseSettings, steps: int) -> 
         finish_region={"other": True} if settings.other_finish_region and finish.get("other") else {},
         region_fill_on_m=settings.region_fill_on_m, region_margin=settings.region_margin,
         probe_fraction=float(settings.probe_fraction), measured_steps=steps, measured_latents=[],
-        rejected=None)
+        ladders={}, rejected=None)
 
 
 def recipe_differences(transferred: RiskModel, ranking: RiskModel) -> list[str]:
@@ -451,11 +451,15 @@ def fit_rows(rows: list[dict], transferred: RiskModel, settings: ReuseSettings, 
         table = {a: r["threshold"] for a, r in rep["budgets"].items() if r["threshold"] is not None}
         for key in cell_keys(ranking, cell):
             thresholds[key] = dict(table)
+    # every point the transferred ranking offers a cell, certified here or not: the online
+    # certificate may walk them as audits accumulate (audit.ladder)
+    ladders = {cell: sorted({float(p["threshold"]) for p in rep["points"]}) for cell, rep in cells.items()
+               if rep["points"]}
     instances = [i for r in rows for i in r["instances"]]
     reuses = [d for i in instances for d in i["depths"]]
     model = dataclasses.replace(ranking, thresholds=thresholds, confidence=1.0 - delta, calibrated=True,
                                 tolerance=tolerance, measured_reuses=len(reuses),
-                                measured_latents=CAL.measured_latents(instances))
+                                measured_latents=CAL.measured_latents(instances), ladders=ladders)
     model.source = (f"cheap calibration: ranking transferred ({transferred.source.split(';')[0]}), "
                     f"thresholds certified per cell on {len(rows)} prompt pairs ({len(reuses)} labelled "
                     f"reuses, pairs as clusters) by anytime-valid betting tests at {1 - delta:.0%} confidence")

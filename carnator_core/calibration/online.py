@@ -44,9 +44,9 @@ def certificates(model: RiskModel, alpha: float, delta: float = audit.DELTA) -> 
     """A fresh certificate per certified cell of the model at α, audited or not (so the point
     one beyond the calibration's is known before the first audit)."""
     cells = {}
-    for key in model.thresholds:
-        if ":" in key:  # a finish's table: its cell's certificate covers it (online_model)
-            continue
+    # a finish's table (``cell:guided``): its cell's certificate covers it (online_model); a
+    # cell with ladder points only is certified at no budget yet, and may be online
+    for key in dict.fromkeys([k for k in model.thresholds if ":" not in k] + list(model.ladders)):
         made = audit.certifier(model, key, alpha, delta)
         if made is not None:
             cells[key] = made
