@@ -1,9 +1,14 @@
 """Certifying online on a live stream: a cheap calibration, audits and exploration at a few
 percent, and what the gate is allowed over 2,000+ requests served through the real pipeline.
 
-    nice .venv/bin/python bench/studies/online_stream.py --alphas 0.05 --out bench/results/studies/online_stream_a5.json &
-    nice .venv/bin/python bench/studies/online_stream.py --alphas 0.1 --out bench/results/studies/online_stream_a10.json
-    .venv/bin/python bench/studies/online_stream.py --merge bench/results/studies/online_stream_a*.json
+    S=bench/results/studies
+    nice .venv/bin/python bench/studies/online_stream.py --alphas 0.05 --start-budget 400 --out $S/online_stream_a5.json &
+    nice .venv/bin/python bench/studies/online_stream.py --alphas 0.1 --start-budget 200 --out $S/online_stream_a10.json
+    # the baseline: the same stream under the bundled full calibration, no audits
+    nice .venv/bin/python bench/studies/online_stream.py --start full --audit-rate 0 --explore-rate 0 \
+        --alphas 0.05 --out $S/online_stream_full_a5.json &   # and --alphas 0.1 … full_a10.json
+    .venv/bin/python bench/studies/online_stream.py --merge $S/online_stream_a5.json $S/online_stream_a10.json \
+        $S/online_stream_full_a5.json $S/online_stream_full_a10.json   # + rows of calibration_cost.json
     .venv/bin/python bench/studies/online_stream.py --limit 40 --alphas 0.1 --out /tmp/s.json   # a quick one
 
 The stream: the tiny world's own workloads interleaved line by line, each file's order kept
@@ -81,6 +86,20 @@ def start_calibration(budget: float, folder: str, fingerprint: str):
     return model, report, saved
 
 
+def bundled_calibration(bench, folder: str, fingerprint: str):
+    """The bundled full calibration for this probe and N, where the gate looks in ``folder``."""
+    from carnator_core.gate import RiskModel, calibration_file
+    path = calibration_file(folder, fingerprint, PROBE)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copy(bench.default_risk_model(fingerprint, PROBE, STEPS), path)
+    cost = next(r["cost_generations"] for r in json.load(open(os.path.join(RESULTS, "calibration_cost.json")))["rows"]
+                if r["model"] == fingerprint and r["procedure"] == "full_checker" and r["workload"] == "calibration"
+                and r["steps"] == STEPS)
+    model = RiskModel.load(path)
+    return model, {"procedure": "full_checker", "cost_generations": cost,
+                   "thresholds": {k: v for k, v in model.thresholds.items() if ":" not in k}}
+
+
 def serve(world, bench, lines, refs, alpha, folder, audit_rate, explore_rate, every) -> tuple[list, list]:
     from audit_stream import TinyWorldVAE
     from carnator_core.calibration.status import model_status
@@ -136,6 +155,9 @@ def summary(recs: list[dict], alpha: float, half: int) -> dict:
                 "false_accept_rate": bad / len(hits) if hits else None,
                 "upper95": clopper_pearson_upper(bad, len(hits), 0.05) if hits else None,
                 "steps_speedup": sum(r["steps_total"] for r in rs) / max(1e-9, sum(r["steps_computed"] for r in rs)),
+                "gate_hit_speedup": (sum(r["steps_total"] for r in hits) / sum(r["steps_computed"] for r in hits)
+                                     if hits else None),
+                "saved_steps": sum(r["steps_total"] - r["steps_computed"] for r in rs),
                 "audited": sum(r["audited"] for r in rs), "explored": sum(r["explored"] for r in rs)}
     run = running(recs)
     late = [p for p in run if p["hits"] >= 50]  # a rate over a handful of hits says little
@@ -152,6 +174,9 @@ def main(argv=None) -> dict:
     ap.add_argument("--explore-rate", type=float, default=0.05)
     ap.add_argument("--start-budget", type=float, default=200.0,
                     help="generation-equivalents of the cheap calibration the gate starts from")
+    ap.add_argument("--start", choices=("cheap", "full"), default="cheap",
+                    help="full: the bundled (full) calibration instead, the baseline the cheap one is compared with "
+                         "(run it with --audit-rate 0 --explore-rate 0)")
     ap.add_argument("--limit", type=int, default=None, help="first requests of each half")
     ap.add_argument("--every", type=int, default=25, help="read the online certificate every this many requests")
     ap.add_argument("--out", default=OUT)
@@ -172,7 +197,8 @@ def main(argv=None) -> dict:
     for start in range(0, len(lines), 100):  # keep only what the truth needs (a run's record is large)
         refs += [{k: r[k] for k in ("video", "ok", "policy")}
                  for r in bench.run_reference(world, lines[start:start + 100], (), 1)]
-    out = {"what": "a live stream through run_request on the tiny world (not a replay)",
+    out = {"what": "a live stream through run_request on the tiny world (not a replay)", "start": a.start,
+           "model_fingerprint": world.fingerprint,
            "requests": len(lines), "drift_at": len(calm), "calm": list(CALM), "drift": list(DRIFT),
            "audit_rate": a.audit_rate, "explore_rate": a.explore_rate, "steps": STEPS, "probe_fraction": PROBE,
            "truth": f"PSNR ≥ {PSNR_BOUND:g} dB against the request's own full computation and the checker agreeing "
@@ -181,10 +207,14 @@ def main(argv=None) -> dict:
     try:
         for alpha in a.alphas:
             folder = os.path.join(workdir, f"a{alpha:g}")
-            model, report, saved = start_calibration(a.start_budget, folder, world.fingerprint)
-            start = {"cost_generations": report["cost_generations"], "pairs": report["pairs"],
-                     "certified": report["certified"], "ladders": model.ladders,
-                     "thresholds": {k: v for k, v in model.thresholds.items() if ":" not in k}}
+            if a.start == "full":
+                model, start = bundled_calibration(bench, folder, world.fingerprint)
+            else:
+                model, report, saved = start_calibration(a.start_budget, folder, world.fingerprint)
+                start = {"procedure": "cheap", "budget_generations": a.start_budget,
+                         "cost_generations": report["cost_generations"], "pairs": report["pairs"],
+                         "certified": report["certified"], "ladders": model.ladders,
+                         "thresholds": {k: v for k, v in model.thresholds.items() if ":" not in k}}
             recs, timeline = serve(world, bench, lines, refs, alpha, folder, a.audit_rate, a.explore_rate, a.every)
             out["alphas"][f"{alpha:g}"] = {"start_calibration": start, "summary": summary(recs, alpha, len(calm)),
                                            "timeline": timeline, "running": running(recs), "records": recs}
@@ -213,7 +243,15 @@ def write(out: dict, path: str) -> None:
 
 def merge(paths: list[str], out_path: str) -> dict:
     parts = [json.load(open(p)) for p in paths]
+    for p in parts:  # summaries read again from the records (the same rules for every part)
+        for a, r in p["alphas"].items():
+            r["summary"] = summary(r["records"], float(a), p["drift_at"])
+    full = {a: {"start_calibration": r["start_calibration"], "summary": r["summary"]}
+            for p in parts if p.get("start") == "full" for a, r in p["alphas"].items()}
+    fingerprint = next((p["model_fingerprint"] for p in parts if p.get("model_fingerprint")), None)
+    parts = [p for p in parts if p.get("start") != "full"]
     out = {k: v for k, v in parts[0].items() if k not in ("alphas", "seconds")}
+    out["model_fingerprint"] = fingerprint
     # the per-request records stay in the parts; the certificate over time, per cell, in brief
     out["alphas"] = {a: {**{k: v for k, v in r.items() if k not in ("records", "timeline")},
                          "timeline": [{"i": t["i"], "text": t["text"], "cells": {
@@ -222,9 +260,45 @@ def merge(paths: list[str], out_path: str) -> dict:
                      for p in parts for a, r in p["alphas"].items()}
     out["seconds"] = sum(p.get("seconds", 0) for p in parts)
     out["parts"] = [os.path.relpath(p, REPO) for p in paths]
+    if full:  # the same stream under the full calibration, no audits: what the cheap start keeps
+        out["full_calibration"] = full
+        for a, r in out["alphas"].items():
+            if a in full:
+                mine, theirs = r["summary"]["all"], full[a]["summary"]["all"]
+                r["summary"]["kept_of_full"] = {
+                    "gate_hit_speedup": mine["gate_hit_speedup"] / theirs["gate_hit_speedup"],
+                    "saved_steps": mine["saved_steps"] / theirs["saved_steps"]}
+        cost_rows(out)
     out["plot"] = plot(out, os.path.splitext(out_path)[0] + ".png")
     write(out, out_path)
     return out
+
+
+def cost_rows(out: dict) -> None:
+    """The stream's rows of bench/results/calibration_cost.json: the cheap start and the full
+    calibration, each α, on this served stream (audits and exploration on for the cheap one)."""
+    from calibration_cost import merge as merge_rows
+    note = ("a live stream of the tiny world's workloads with a drift half-way (bench/studies/online_stream.py); "
+            "the cheap start with 5% audits and 5% exploration, the full calibration without; speedup_kept: the cheap "
+            "start's gate-hit steps speedup over the full calibration's on the same stream (saved_steps_kept: its "
+            "saved steps over theirs, the workload as a whole)")
+    rows = []
+    for a, r in out["alphas"].items():
+        start, mine = r["start_calibration"], r["summary"]
+        theirs = out["full_calibration"][a]
+        for procedure, s, cost, budget, kept in (
+                ("cheap", mine, start["cost_generations"], start.get("budget_generations"), mine.get("kept_of_full")),
+                ("full_checker", theirs["summary"], theirs["start_calibration"]["cost_generations"], None,
+                 {"gate_hit_speedup": 1.0, "saved_steps": 1.0})):
+            al = s["all"]
+            rows.append({"model": out["model_fingerprint"], "procedure": procedure, "workload": "online_stream", "alpha": float(a),
+                         "steps": STEPS, "budget_generations": budget, "cost_generations": cost,
+                         "requests": al["requests"], "gate_hits": al["gate_hits"],
+                         "false_accept_rate": al["false_accept_rate"], "fa_upper95": al["upper95"],
+                         "gate_hit_speedup": al["gate_hit_speedup"], "workload_speedup": al["steps_speedup"],
+                         "speedup_kept": kept["gate_hit_speedup"], "saved_steps_kept": kept["saved_steps"],
+                         "note": note})
+    merge_rows(rows)
 
 
 def plot(out: dict, path: str, cap: float = 0.3) -> str:
