@@ -215,6 +215,19 @@ def test_proxy_size_study_reproduces_its_committed_numbers_from_the_committed_ru
     assert all(w["size"] == "8x48" for w in got["served"].values())
 
 
+def test_wording_evidence_reads_every_same_scene_source_from_the_committed_records(tmp_path):
+    """Each source that drew the request's own scene on its own noise is counted once, in one
+    class, and the classes follow the same-scene cut-offs."""
+    target = tmp_path / "wording_evidence.json"
+    run(["bench/studies/wording_evidence.py", "--out", str(target)])
+    got = json.loads(target.read_text())
+    for w in got["workloads"].values():
+        assert w["pairs"] > 50 and w["classed_same_scene"] + w["classed_other"] == w["pairs"]
+        assert 0 < w["classed_other"] and w["other_within_twice_both"] <= w["classed_other"]
+        # a candidate classed other sits beyond one of the cut-offs
+        assert w["other_gap_quantiles"]["0.0"] > 0 or w["other_region_quantiles"]["1.0"] > got["same_scene_region"]
+
+
 STUDIES = sorted(p.name for p in (REPO / "bench" / "studies").glob("*.py") if p.name != "study_paths.py")
 
 
