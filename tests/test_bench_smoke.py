@@ -228,6 +228,31 @@ def test_wording_evidence_reads_every_same_scene_source_from_the_committed_recor
         assert w["other_gap_quantiles"]["0.0"] > 0 or w["other_region_quantiles"]["1.0"] > got["same_scene_region"]
 
 
+def test_online_stream_audits_and_explores_a_short_live_stream(tmp_path):
+    """Eight requests a side from the cheap start, everything audited and explored: audits ran,
+    every request has a truth, and the certificate was read along the stream."""
+    target = tmp_path / "stream.json"
+    run(["bench/studies/online_stream.py", "--limit", "8", "--alphas", "0.1", "--audit-rate", "1",
+         "--explore-rate", "1", "--every", "4", "--out", str(target)])
+    got = json.loads(target.read_text())["alphas"]["0.1"]
+    recs, s = got["records"], got["summary"]
+    assert len(recs) == 16 and s["all"]["requests"] == 16 and s["audit_cost_generations"] > 0
+    assert s["all"]["audited"] + s["all"]["explored"] > 0 and len(got["timeline"]) == 4
+    assert got["start_calibration"]["certified"]["same_scene"] and got["start_calibration"]["ladders"]
+    assert all(r["false_accept"] in (0, 1) and (r["outcome"] == "hit" or not r["false_accept"]) for r in recs)
+
+
+def test_online_stream_summary_is_read_again_from_its_committed_parts(tmp_path):
+    parts = sorted(str(p) for p in (REPO / "bench" / "results" / "studies").glob("online_stream*_a*.json"))
+    target = tmp_path / "online_stream.json"
+    run(["bench/studies/online_stream.py", "--merge", *parts, "--no-cost-rows", "--out", str(target)])
+    got = json.loads(target.read_text())
+    committed = json.loads((REPO / "bench" / "results" / "online_stream.json").read_text())
+    assert got["full_calibration"] == committed["full_calibration"]
+    for alpha, r in committed["alphas"].items():
+        assert got["alphas"][alpha]["summary"] == r["summary"], alpha
+
+
 STUDIES = sorted(p.name for p in (REPO / "bench" / "studies").glob("*.py") if p.name != "study_paths.py")
 
 

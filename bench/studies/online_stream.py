@@ -181,9 +181,10 @@ def main(argv=None) -> dict:
     ap.add_argument("--every", type=int, default=25, help="read the online certificate every this many requests")
     ap.add_argument("--out", default=OUT)
     ap.add_argument("--merge", nargs="+", metavar="JSON", help="merge per-α result files into --out and plot")
+    ap.add_argument("--no-cost-rows", action="store_true", help="with --merge: leave calibration_cost.json alone")
     a = ap.parse_args(argv)
     if a.merge:
-        return merge(a.merge, a.out)
+        return merge(a.merge, a.out, cost=not a.no_cost_rows)
     from calibrate import _load_bench
     bench = _load_bench()
     world = bench.World(bench.DEFAULT_MODEL, steps=STEPS)
@@ -241,7 +242,7 @@ def write(out: dict, path: str) -> None:
     print(f"wrote {os.path.relpath(path, REPO)}")
 
 
-def merge(paths: list[str], out_path: str) -> dict:
+def merge(paths: list[str], out_path: str, cost: bool = True) -> dict:
     parts = [json.load(open(p)) for p in paths]
     for p in parts:  # summaries read again from the records (the same rules for every part)
         for a, r in p["alphas"].items():
@@ -268,7 +269,8 @@ def merge(paths: list[str], out_path: str) -> dict:
                 r["summary"]["kept_of_full"] = {
                     "gate_hit_speedup": mine["gate_hit_speedup"] / theirs["gate_hit_speedup"],
                     "saved_steps": mine["saved_steps"] / theirs["saved_steps"]}
-        cost_rows(out)
+        if cost:
+            cost_rows(out)
     out["plot"] = plot(out, os.path.splitext(out_path)[0] + ".png")
     write(out, out_path)
     return out
