@@ -67,7 +67,8 @@ def interleave(names: tuple[str, ...], load) -> list[dict]:
 
 def start_calibration(budget: float, folder: str, fingerprint: str):
     """The cheap procedure's committed pairs cut to ``budget``, certified as it certifies them
-    (with its ladders), saved where the gate looks in ``folder``. Returns (model, report)."""
+    (with its ladders), saved where the gate looks in ``folder``. Returns (model, report), the
+    report with what the pairs cost."""
     import cheap_calibration as CC
     from carnator_core.calibration import cheap
     from carnator_core.calibration import fit as CAL
@@ -81,9 +82,9 @@ def start_calibration(budget: float, folder: str, fingerprint: str):
     _, transferred = CC.transferred_model(CC.full_calibration()[0])
     model, report = cheap.fit_rows(rows, transferred, settings, STEPS,
                                    tolerance={"psnr_bound": PSNR_BOUND, "space": "frames"})
-    saved = CAL.save(model, folder, fingerprint)
+    CAL.save(model, folder, fingerprint)
     report["cost_generations"] = round(sum(CC.PairCost.of(r, r["instances"], STEPS).generations for r in rows), 2)
-    return model, report, saved
+    return model, report
 
 
 def bundled_calibration(bench, folder: str, fingerprint: str):
@@ -211,7 +212,7 @@ def main(argv=None) -> dict:
             if a.start == "full":
                 model, start = bundled_calibration(bench, folder, world.fingerprint)
             else:
-                model, report, saved = start_calibration(a.start_budget, folder, world.fingerprint)
+                model, report = start_calibration(a.start_budget, folder, world.fingerprint)
                 start = {"procedure": "cheap", "budget_generations": a.start_budget,
                          "cost_generations": report["cost_generations"], "pairs": report["pairs"],
                          "certified": report["certified"], "ladders": model.ladders,

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ..keys import shape_str
+
 
 class ComputeMeter:
     """Token rows the model computed, as a hook at its last block reports them
@@ -187,7 +189,7 @@ def cost_text(report: dict) -> list[str]:
     if not cost:
         return []
     spent = cost["cost_generations"]
-    size = "×".join(str(v) for v in report["latents"][-1]) if report.get("latents") else ""
+    size = shape_str(report["latents"][-1]) if report.get("latents") else ""
     lines = [f"cost: {spent:.1f} generation-equivalents (1.0 = one full generation at these steps "
              f"and size{f', latent {size} (frames×height×width)' if size else ''}; "
              f"{cost['this_run_generations']:.1f} in this run, "

@@ -10,6 +10,7 @@ import re
 from pathlib import Path
 
 from . import audit, online
+from ..keys import shape_str
 from ..gate import (CALIBRATION_NAME, DEFAULT_PROBE_FRACTION, UNNAMED_PROBE_FRACTION, RiskModel, calibrated_probes,
                    calibrated_steps, calibration_in_use, gate_model_for, same_probe)
 
@@ -103,7 +104,7 @@ def size_clause(measured: list[list[int]], latent: tuple[int, ...] | None) -> st
     at: nothing where it was, or where either size is unknown."""
     if not measured or not latent or [int(v) for v in latent] in measured:
         return ""
-    size = "×".join(str(v) for v in measured[-1])
+    size = shape_str(measured[-1])
     share = math.prod(measured[-1]) / max(1, math.prod(latent))
     if share < 1:
         # measured on the multi-size tiny world: calibrated at 1/36 of the served tokens, α = 5%
@@ -111,7 +112,7 @@ def size_clause(measured: list[list[int]], latent: tuple[int, ...] | None) -> st
         return (f" · measured at latent {size}, {share:.0%} of this request's tokens: a smaller-size "
                 "calibration (on the tiny world its α = 5% and 10% held at 36 times the tokens), "
                 "not certified at this size (calibrate at this size to make it a promise)")
-    return (f" · measured at latent {size}, not this request's {'×'.join(str(int(v)) for v in latent)}: "
+    return (f" · measured at latent {size}, not this request's {shape_str(latent)}: "
             "α is not certified at this size")
 
 
