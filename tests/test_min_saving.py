@@ -53,6 +53,25 @@ def test_a_reuse_saving_less_than_min_saving_is_refused_and_a_cheaper_one_kept()
     assert plan.accept and plan.entry_id == "same"
 
 
+def test_candidates_are_ranked_by_all_the_work_a_hit_computes_fill_of_m_included():
+    """An edit resumed deep finishes in as few calls as a same-scene reuse but fills its region
+    M first: the same-scene reuse computes less and is the plan, whatever order the lookup
+    returned them in and however their predicted risks compare."""
+    flat = {k: 0.0 for k in ("outside_mean", "outside_max", "region_fraction", "depth_fraction", "similarity_gap")}
+    thresholds = {k: {"0.05": 50.0 if k.startswith("other") else 1.0}
+                  for k in ("same_scene", "same_scene:guided", "other", "other:guided")}
+    model = RiskModel(calibrated=True, thresholds=thresholds, confidence=0.9, region_threshold=0.35,
+                      finish_calls={"same_scene": 3, "other": 3}, weights=flat, bias=-3.0)
+    new, edit = _signature([1.0, 2.0, 3.0, 4.0]), _signature([1.0, 2.0, 3.0, -4.0])
+    for order in ([("edit", edit, 0.9, [4, 8, 12, 16]), ("same", new, 1.0, [4, 8, 12, 16])],
+                  [("same", new, 1.0, [4, 8, 12, 16]), ("edit", edit, 0.9, [4, 8, 12, 16])]):
+        plan, verdicts = decide(new, order, 20, 2, model, GateSettings(), fill_calls=2)
+        assert all(v.accept and v.reuse_step == 16 and v.finish_calls == 3 for v in verdicts)
+        assert verdicts[0].risk == verdicts[1].risk  # equal finishes, equal risk: only the fill differs
+        assert plan.entry_id == "same"
+        assert hit_saving(plan, 20, 2, fill_calls=2) == pytest.approx(1 - 5 / 20)
+
+
 def _sources_after(requests_in, model, min_saving):
     """Run PROMPT, then RELATED under min_saving; return RELATED's summary and the entries a
     third request's lookup may reuse."""
