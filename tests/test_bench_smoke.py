@@ -300,3 +300,26 @@ def test_wording_counts_same_scene_hits_on_scenes_computed_before_in_the_same_po
     with pytest.raises(ValueError, match="records for"):
         wording.seen_scene_hits(lines, records[:-1])
     assert run(["bench/wording.py", "--help"], timeout=180).startswith("usage:")
+
+
+def test_wording_ceiling_labels_same_scene_reuses_and_rereads_its_committed_summary(tmp_path):
+    """A short live run reuses each earlier same-scene request at the certified depths and
+    labels every reuse; re-read, the committed rows give the committed summary, and no pool
+    serves more requests than it has or more than the ceiling of any evidence."""
+    smoke = tmp_path / "smoke.json"
+    run(["bench/studies/wording_ceiling.py", "--limit", "30", "--out", str(smoke)])
+    got = json.loads(smoke.read_text())
+    assert got["rows"], "no request of the first 30 had an earlier same-scene request"
+    for r in got["rows"]:
+        assert r["source"] < r["request"] and r["class"] in ("same_scene", "other")
+        for d in r["depths"].values():  # below 30 dB is beyond tolerance whatever the checker says
+            assert d["psnr"] >= 30.0 or d["label"] == 1
+    committed = REPO / "bench" / "results" / "studies" / "wording_ceiling.json"
+    again = tmp_path / "again.json"
+    again.write_text(committed.read_text())
+    run(["bench/studies/wording_ceiling.py", "--reread", "--out", str(again)])
+    before, after = json.loads(committed.read_text())["summary"], json.loads(again.read_text())["summary"]
+    assert after == before
+    for s in after["by_depth"].values():
+        for pool in (s["any_earlier"], s["benchmark_sources"]):
+            assert pool["servable_classed_same_scene"] <= pool["servable"] <= pool["requests"]

@@ -1,0 +1,187 @@
+"""Study: how many requests worded afresh *could* a same-scene reuse serve within tolerance —
+the ceiling of the same-scene share on `serve_fresh`, and how much of it the evidence reaches.
+
+    nice -n 10 .venv/bin/python bench/studies/wording_ceiling.py            # ~9 min on 2 cores
+    .venv/bin/python bench/studies/wording_ceiling.py --reread   # summarise the committed rows again
+
+Every request of the workload is computed in full (the bundled model, N = 20, its probe 0.05),
+and every earlier request that drew the same scene (the checker's truth, whatever the prose) on
+the same noise in other words is reused by it as a same-scene hit is: the whole frame from the
+source's snapshot at k (a hit also computes the few tiles its probe moved; here none),
+finished by the 4-call guided finish, at the depths the bundled
+calibration certifies same-scene reuse at (k = 14 at α = 5%, 16 at 10%). Each reuse is labelled
+as the calibration labels (PSNR of the frames against the request's own full computation below
+30 dB, or the checker disagreeing with the request's scene where its full computation agrees),
+and weighed by the gate's evidence (``calibration.generic.direction_evidence``): its class, its
+global gap and the share of the tiles its probe moved.
+
+A request is *servable* at k when some such source's reuse is within tolerance: no evidence,
+however robust to wording, can give a same-scene hit within tolerance to the others. Two pools:
+every earlier request (any policy could have made it a source), and the sources of the
+committed benchmark run at α = 5% (requests it computed in full, ``bench/results/wording_parts``),
+against which the benchmark's own same-scene share is counted. ``bands``: what a same-scene
+class with wider cut-offs would take in, and how often those reuses miss tolerance.
+
+Writes bench/results/studies/wording_ceiling.json.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+
+from study_paths import REPO  # noqa: E402 - the repository, tests/ and bench/ on the path
+
+OUT = os.path.join(REPO, "bench", "results", "studies", "wording_ceiling.json")
+PARTS = os.path.join(REPO, "bench", "results", "wording_parts")
+STEPS, PSNR_BOUND, NOISE_POOL = 20, 30.0, 4
+DEPTHS = {"0.05": 14, "0.1": 16}  # the bundled calibration's same-scene depth at each α
+FINISH_CALLS = 4                   # its same-scene guided finish
+
+
+def same_scene_earlier(lines: list[dict], noise_of) -> dict[int, list[int]]:
+    """For each request, the earlier requests of its scene and noise in other words."""
+    from tinyworld import world as WD
+    key = [(str(WD.scene_key(ln["scene"])), noise_of(ln)) for ln in lines]
+    return {i: [j for j in range(i) if key[j] == key[i] and lines[j]["prompt"] != lines[i]["prompt"]]
+            for i in range(len(lines))}
+
+
+def measure(world, bench, lines: list[dict], earlier: dict[int, list[int]], log=print) -> list[dict]:
+    """Every (request, same-scene source) reused at each depth of ``DEPTHS``."""
+    import torch
+    from carnator_core.calibration import fit as CAL
+    from carnator_core.calibration.generic import Direction, direction_evidence, measure_reuse
+    from carnator_core.pipeline import ReuseSettings
+    settings = ReuseSettings(probe_fraction=0.05, region_fill_on_m=True, region_margin=1)
+    p, snaps = settings.probe_steps(STEPS), settings.snapshot_steps(STEPS)
+    needed = {i for i, js in earlier.items() if js} | {j for js in earlier.values() for j in js}
+    full, t0 = {}, time.time()
+    for i in sorted(needed):
+        ln = lines[i]
+        r = world.full(ln["prompt"], int(ln["seed"]), ln["seed_policy"], snaps, p)
+        full[i] = {"full": r["full"], "video": r["video"], "ok": bench.check_ok(r["video"], ln["scene"])}
+    log(f"  {len(full)} requests computed in full, {time.time() - t0:.0f} s", flush=True)
+    rows = []
+    for i, js in earlier.items():
+        a, la = full.get(i), lines[i]
+        for j in js:
+            b = full[j]
+            seen = direction_evidence(a["full"], b["full"], settings, 0.35)
+            # reused as a same-scene hit is, whatever class the evidence gives: the whole frame
+            whole = Direction(seen.inst, torch.zeros_like(seen.region), "same_scene", False)
+
+            def outcome(final, a=a, la=la) -> dict:
+                v = world.video(final)
+                q, ok = bench.psnr(v, a["video"]), bench.check_ok(v, la["scene"])
+                return {"psnr": round(q, 2), "label": CAL.exceeds_tolerance(q, a["ok"], ok, PSNR_BOUND)}
+            new_run = lambda la=la: world.new_run(la["prompt"], int(la["seed"]), la["seed_policy"])  # noqa: E731
+            depths = {str(k): measure_reuse(a["full"], b["full"], new_run, settings, whole, k, FINISH_CALLS,
+                                            outcome) for k in sorted(set(DEPTHS.values()))}
+            f = seen.inst["features"]
+            rows.append({"request": i, "source": j, "class": seen.klass,
+                         "similarity_gap": round(f["similarity_gap"], 5),
+                         "region_fraction": round(f["region_fraction"], 5),
+                         "final_psnr": round(bench.psnr(b["video"], a["video"]), 2),
+                         "depths": {k: {"psnr": d["psnr"], "label": d["label"]} for k, d in depths.items()}})
+    log(f"  {len(rows)} same-scene reuses measured, {time.time() - t0:.0f} s", flush=True)
+    return rows
+
+
+def committed_sources(alpha: str) -> tuple[set[int], dict]:
+    """The requests the committed benchmark run computed in full (its sources), and its own
+    same-scene share of the requests whose scene a source already held."""
+    part = json.load(open(os.path.join(PARTS, "serve_fresh_n20.json")))
+    recs = part["records"]["serve_fresh"][alpha]
+    sources = {i for i, r in enumerate(recs) if r.get("stored_id") and r["outcome"] == "miss"}
+    rows = json.load(open(os.path.join(REPO, "bench", "results", "wording.json")))["rows"]
+    return sources, rows["serve_fresh/n20"]["budgets"][alpha]["seen_scene"]
+
+
+def servable(rows: list[dict], requests, k: str, pool=None, same_scene_only: bool = False) -> int:
+    """Requests with some source in ``pool`` (None: any earlier) whose reuse at k is within
+    tolerance (and, with ``same_scene_only``, that the evidence classes same-scene)."""
+    good = {r["request"] for r in rows
+            if (pool is None or r["source"] in pool) and not r["depths"][k]["label"]
+            and (not same_scene_only or r["class"] == "same_scene")}
+    return len(good & set(requests))
+
+
+# same-scene cut-offs (global gap, share of the tiles) a wider class could take: today's first
+BANDS = ((0.005, 0.02), (0.01, 0.02), (0.02, 0.05), (0.03, 0.1), (0.05, 0.1), (1.0, 1.0))
+
+
+def bands(rows: list[dict], sources: set[int]) -> list[dict]:
+    """What a same-scene class widened to each of ``BANDS`` would take in: its reuses, how
+    many are beyond tolerance at each depth, and the requests of the benchmark's pool it
+    could serve within tolerance."""
+    pool = sorted({r["request"] for r in rows if r["source"] in sources})
+    out = []
+    for gap, region in BANDS:
+        inside = [r for r in rows if r["similarity_gap"] <= gap and r["region_fraction"] <= region]
+        out.append({"gap": gap, "region": region, "reuses": len(inside), "requests": len(pool),
+                    **{f"k{k}": {"beyond": sum(r["depths"][str(k)]["label"] for r in inside),
+                                 "servable": servable(inside, pool, str(k), sources)}
+                       for k in sorted(set(DEPTHS.values()))}})
+    return out
+
+
+def summarise(rows: list[dict], earlier: dict[int, list[int]], sources: set[int], seen: dict) -> dict:
+    out = {"reuses": len(rows), "by_depth": {}}
+    for alpha, k in DEPTHS.items():
+        k = str(k)
+        within = [r for r in rows if not r["depths"][k]["label"]]
+        classed = [r for r in rows if r["class"] == "same_scene"]
+        any_req = [i for i, js in earlier.items() if js]
+        pool_req = sorted({i for i, js in earlier.items() if any(j in sources for j in js)})
+        out["by_depth"][k] = {
+            "alpha": float(alpha),
+            "reuses_within_tolerance": len(within),
+            "classed_same_scene": len(classed),
+            "classed_same_scene_within": sum(not r["depths"][k]["label"] for r in classed),
+            "other_within": sum(not r["depths"][k]["label"] for r in rows if r["class"] != "same_scene"),
+            "any_earlier": {"requests": len(any_req), "servable": servable(rows, any_req, k),
+                            "servable_classed_same_scene": servable(rows, any_req, k, same_scene_only=True)},
+            "benchmark_sources": {"requests": len(pool_req),
+                                  "servable": servable(rows, pool_req, k, sources),
+                                  "servable_classed_same_scene": servable(rows, pool_req, k, sources, True)}}
+    out["bands"] = bands(rows, sources)
+    out["benchmark_at_0.05"] = {"seen_scene_requests": seen["requests"], "same_scene_hits": seen["same_scene_hits"],
+                                "share": seen["share"]}
+    return out
+
+
+def main(argv=None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--limit", type=int, default=None, help="the first N requests only (a smoke run)")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--out", default=OUT)
+    ap.add_argument("--reread", action="store_true", help="summarise the rows of --out again, measuring nothing")
+    a = ap.parse_args(argv)
+    from calibrate import _load_bench
+    bench = _load_bench()
+    _, lines = bench.load_workload("serve_fresh", a.limit)
+    earlier = same_scene_earlier(lines, lambda ln: bench.noise_frame(int(ln["seed"]), ln["seed_policy"]))
+    if a.reread:
+        result = json.load(open(a.out))
+    else:
+        world = bench.World(bench.DEFAULT_MODEL, steps=STEPS, threads=a.threads)
+        result = {"workload": "serve_fresh", "requests": len(lines), "steps": STEPS, "finish_calls": FINISH_CALLS,
+                  "psnr_bound": PSNR_BOUND, "rows": measure(world, bench, lines, earlier)}
+    result["summary"] = summarise(result["rows"], earlier, *committed_sources("0.05"))
+    for k, s in result["summary"]["by_depth"].items():
+        e, b = s["any_earlier"], s["benchmark_sources"]
+        print(f"k={k} (α={s['alpha']:g}): {s['reuses_within_tolerance']}/{len(result['rows'])} reuses within "
+              f"tolerance; requests servable {e['servable']}/{e['requests']} (any earlier), {b['servable']}/"
+              f"{b['requests']} (the benchmark's sources; evidence classes same-scene for "
+              f"{b['servable_classed_same_scene']})")
+    with open(a.out, "w") as f:
+        json.dump({k: result[k] for k in ("workload", "requests", "steps", "finish_calls", "psnr_bound",
+                                          "summary", "rows")}, f, indent=1)
+        f.write("\n")
+    return result
+
+
+if __name__ == "__main__":
+    main()
