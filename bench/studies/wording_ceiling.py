@@ -35,7 +35,7 @@ from study_paths import REPO  # noqa: E402 - the repository, tests/ and bench/ o
 
 OUT = os.path.join(REPO, "bench", "results", "studies", "wording_ceiling.json")
 PARTS = os.path.join(REPO, "bench", "results", "wording_parts")
-STEPS, PSNR_BOUND, NOISE_POOL = 20, 30.0, 4
+STEPS, PSNR_BOUND = 20, 30.0
 DEPTHS = {"0.05": 14, "0.1": 16}  # the bundled calibration's same-scene depth at each α
 FINISH_CALLS = 4                   # its same-scene guided finish
 
