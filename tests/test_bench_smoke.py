@@ -228,6 +228,24 @@ def test_wording_evidence_reads_every_same_scene_source_from_the_committed_recor
         assert w["other_gap_quantiles"]["0.0"] > 0 or w["other_region_quantiles"]["1.0"] > got["same_scene_region"]
 
 
+def test_fresh_wording_failures_tally_the_workloads_hits_and_the_calibrations_decisions(tmp_path):
+    """Every other-evidence gate hit is tallied once, by its source and by its cell, and the
+    bundled gate's decisions on its own pairs are tallied the same way."""
+    target = tmp_path / "fresh_wording_failures.json"
+    run(["bench/studies/fresh_wording_failures.py", "--no-refit", "--out", str(target)])
+    got = json.loads(target.read_text())
+    for w in got["workloads"].values():
+        by_cell = [b for cell in w["by_cell"].values() for b in cell.values()]
+        assert w["gate_hits"] > 50 and sum(b["accepted"] for b in by_cell) == w["gate_hits"]
+        assert sum(s["accepted"] for s in w["by_source"].values()) == w["gate_hits"]
+        assert sum(b["beyond_tolerance"] for b in by_cell) == w["beyond_tolerance"] > 0
+    for c in got["calibration_pairs"].values():
+        by_cell = [b for cell in c["by_cell"].values() for b in cell.values()]
+        assert sum(b["accepted"] for b in by_cell) == c["accepted"] > 0
+        assert all(0 <= b["beyond_tolerance"] <= b["accepted"] for b in by_cell)
+    assert "text_gap_sign" not in got
+
+
 def test_online_stream_audits_and_explores_a_short_live_stream(tmp_path):
     """Eight requests a side from the cheap start, everything audited and explored: audits ran,
     every request has a truth, and the certificate was read along the stream."""
