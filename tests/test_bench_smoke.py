@@ -192,6 +192,23 @@ def test_online_certification_benchmark_smoke(tmp_path):
     assert "REPLAY" in r["what"] and r["budgets"][0]["series"] and r["budgets"][0]["cost_generations"] > 0
 
 
+def test_calibration_cost_counts_the_bundled_files_with_their_edit_pairs(tmp_path):
+    """The bundled calibration of each N costs its recipe's pairs plus the edit pairs it was
+    fitted with, and the studies that compare against it find that row."""
+    target = tmp_path / "calibration_cost.json"
+    run(["bench/studies/calibration_cost.py", "--out", str(target)])
+    sys.path.insert(0, str(REPO / "bench" / "studies"))
+    import calibration_cost as CC
+    rows = json.loads(target.read_text())["rows"]
+    for plain_folder, edits_folder, steps in CC.RECIPE:
+        plain = next(r for r in rows if (r["procedure"], r["workload"], r["steps"]) == ("full_checker", "calibration", steps))
+        bundled = CC.bundled_cost(plain["model"], steps, str(target))
+        edit_files = sorted(str(p) for p in (REPO / "bench" / "results" / "studies" / edits_folder).glob("*.jsonl"))
+        edits = CC.cost_row(CC._pairs_of_measurements(edit_files), steps, procedure="edits", note="", source=[])
+        assert bundled["pairs"] == plain["pairs"] + edits["pairs"] and edits["pairs"] > 0
+        assert bundled["cost_generations"] == pytest.approx(plain["cost_generations"] + edits["cost_generations"], abs=0.2)
+
+
 def test_cheap_calibration_benchmark_parses_its_arguments():
     """bench/studies/cheap_calibration.py starts: its options parse."""
     printed = run(["bench/studies/cheap_calibration.py", "--help"], timeout=180)

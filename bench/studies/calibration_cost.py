@@ -23,6 +23,14 @@ from carnator_core.calibration.meter import pair_cost  # noqa: E402
 RESULTS = os.path.join(REPO, "bench", "results")
 OUT = os.path.join(RESULTS, "calibration_cost.json")
 KEY = ("model", "procedure", "workload", "alpha", "steps", "budget_generations")
+# The bundled calibration files of each N were fitted on the recipe's pairs of the workload
+# `calibration` and on pairs of edits over the whole scene grammar measured apart: both count.
+BUNDLED_WORKLOAD = "calibration + calibration_edits"
+RECIPE = (("lang2_region4_calibration", "lang2_region4_scene_edits", 20),
+          ("lang2_region4_n30_calibration", "lang2_region4_n30_scene_edits", 30),
+          ("lang2_region4_n50_calibration", "lang2_region4_n50_scene_edits", 50))
+RECIPE_NOTE = ("the checker-based calibration of the deeper recipe (probe 0.05, M filled on its tokens with "
+               "a 1-tile margin, guided finishes and the other-evidence region finish), every depth and finish")
 
 
 def _pairs_of_progress(paths: list[str]) -> list[list[dict]]:
@@ -71,20 +79,34 @@ def baseline_rows() -> list[dict]:
               f"guided finish; {len(pairs)} pair lines in the two shards ({len(set(ids))} distinct pairs: "
               f"{len(ids) - len(set(ids))} measured by both shards, counted twice as they were computed); "
               f"its report counts {report['pairs']} pairs and {report['measured_reuses']} reuses")))
-    for name, steps in (("lang2_region4_calibration", 20), ("lang2_region4_n30_calibration", 30),
-                        ("lang2_region4_n50_calibration", 50)):
+    for name, edits, steps in RECIPE:
         folder = os.path.join(RESULTS, "studies", name)
         report = json.load(open(os.path.join(folder, "calibration_report.probe0.05.json")))
         assert int(report["steps"]) == steps, (name, report["steps"])
         files = sorted(glob.glob(os.path.join(folder, "*.jsonl")))
+        edit_files = sorted(glob.glob(os.path.join(RESULTS, "studies", edits, "*.jsonl")))
+        common = dict(model=report["model_fingerprint"], procedure="full_checker", alpha=None,
+                      probe_fraction=report["probe_fraction"])
         rows.append(cost_row(
-            _pairs_of_measurements(files), steps, model=report["model_fingerprint"],
-            procedure="full_checker", workload="calibration", alpha=None,
-            probe_fraction=report["probe_fraction"], source=[os.path.relpath(f, REPO) for f in files],
-            note=("the checker-based calibration of the deeper recipe (probe 0.05, M filled on its "
-                  "tokens with a 1-tile margin, guided finishes and the other-evidence region finish), "
-                  "every depth and finish; bench/calibrate.py's workload `calibration`")))
+            _pairs_of_measurements(files), steps, workload="calibration", **common,
+            source=[os.path.relpath(f, REPO) for f in files],
+            note=RECIPE_NOTE + "; bench/calibrate.py's workload `calibration`"))
+        rows.append(cost_row(
+            _pairs_of_measurements(files + edit_files), steps, workload=BUNDLED_WORKLOAD, **common,
+            source=[os.path.relpath(f, REPO) for f in files + edit_files],
+            note=RECIPE_NOTE + "; the bundled calibration file of this N: the workload `calibration`'s pairs "
+                               "and those of `calibration_edits`, measured apart and fitted together"))
     return rows
+
+
+def bundled_cost(model: str, steps: int, path: str = OUT) -> dict:
+    """The cost row of the bundled full calibration of this model at N = ``steps``."""
+    rows = json.load(open(path))["rows"] if os.path.isfile(path) else []
+    for r in rows:
+        if (r["model"], r["procedure"], r["workload"], r["steps"]) == (model, "full_checker", BUNDLED_WORKLOAD, steps):
+            return r
+    raise SystemExit(f"no cost of the bundled calibration of {model} at N = {steps} in {path}: "
+                     "run bench/studies/calibration_cost.py")
 
 
 def merge(rows: list[dict], path: str = OUT) -> dict:
@@ -107,6 +129,11 @@ def merge(rows: list[dict], path: str = OUT) -> dict:
     return data
 
 
+def _count(value) -> str:
+    """A row's pair or reuse count (rows of the streams and proxies carry none, or several)."""
+    return str(value) if isinstance(value, int) else "—"
+
+
 def main(argv=None) -> dict:
     import argparse
     ap = argparse.ArgumentParser(description="What each committed calibration cost, in "
@@ -119,7 +146,8 @@ def main(argv=None) -> dict:
     for r in data["rows"]:
         alpha = "" if r.get("alpha") is None else f"{r['alpha']:g}"
         print(f"{str(r['model'])[:12]:14s} {r['procedure']:13s} {str(r['workload'])[:20]:20s} {alpha:>5s} "
-              f"{r['steps']:3d} {r['pairs']:6d} {r['measured_reuses']:7d} {r['cost_generations']:14,.1f} "
+              f"{r['steps']:3d} {_count(r.get('pairs')):>6s} {_count(r.get('measured_reuses')):>7s} "
+              f"{r['cost_generations']:14,.1f} "
               f"{r.get('generations_per_pair') or 0:9.2f}")
     print(f"wrote {os.path.relpath(a.out, REPO)}")
     return data

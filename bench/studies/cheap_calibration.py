@@ -207,7 +207,7 @@ def main(argv=None) -> dict:
            "paraphrase_share": a.paraphrase_share, "heldout_pairs": len(held) // 2, "heldout_directions": len(held),
            "transferred": {"ladder": ladder.points, "source": transferred.source,
                            "bundled_thresholds": {k: v for k, v in bundled.thresholds.items() if ":" not in k}},
-           "full_calibration": {"cost_generations": _full_cost(), "heldout": full},
+           "full_calibration": {**_full_cost(fp), "heldout": full},
            "budgets": {}}
     for budget in sorted(a.budgets):
         part = prefix(rows, budget)
@@ -248,11 +248,14 @@ def _ledger(rows: list[dict]) -> CostLedger:
     return ledger
 
 
-def _full_cost() -> float | None:
-    path = os.path.join(RESULTS, "calibration_cost.json")
-    rows = json.load(open(path))["rows"] if os.path.isfile(path) else []
-    return next((r["cost_generations"] for r in rows if r["procedure"] == "full_checker" and r["steps"] == STEPS
-                 and r["workload"] == "calibration"), None)
+def _full_cost(fingerprint: str) -> dict:
+    """The bundled full calibration's cost row (bench/studies/calibration_cost.py), for the
+    bundled model; another model's full calibration was not costed here."""
+    from calibration_cost import bundled_cost
+    if not os.path.basename(BUNDLED).startswith(fingerprint):
+        return {"cost_generations": None}
+    row = bundled_cost(fingerprint, STEPS)
+    return {k: row[k] for k in ("cost_generations", "pairs", "measured_reuses", "generations_per_pair", "workload")}
 
 
 def _cost_rows(out: dict) -> None:
@@ -265,8 +268,8 @@ def _cost_rows(out: dict) -> None:
     for al, v in out["full_calibration"]["heldout"].items():
         rows.append({"model": out["model_fingerprint"], "procedure": "full_checker", "workload": "calibration_heldout",
                      "alpha": float(al), "steps": STEPS, "budget_generations": None,
-                     "cost_generations": out["full_calibration"]["cost_generations"], "pairs": 640,
-                     "measured_reuses": 14410, "generations_per_pair": 12.51,
+                     **{k: out["full_calibration"].get(k) for k in ("cost_generations", "pairs", "measured_reuses",
+                                                                 "generations_per_pair")},
                      "false_accept_rate": v["false_accept_rate"], "fa_upper95": v["fa_upper95"],
                      "accept_rate": v["accept_rate"], "gate_hit_speedup": v["gate_hit_speedup"],
                      "speedup_kept": 1.0, "note": note + "; the full calibration's thresholds were certified on "

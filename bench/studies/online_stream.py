@@ -93,9 +93,8 @@ def bundled_calibration(bench, folder: str, fingerprint: str):
     path = calibration_file(folder, fingerprint, PROBE)
     path.parent.mkdir(parents=True, exist_ok=True)
     shutil.copy(bench.default_risk_model(fingerprint, PROBE, STEPS), path)
-    cost = next(r["cost_generations"] for r in json.load(open(os.path.join(RESULTS, "calibration_cost.json")))["rows"]
-                if r["model"] == fingerprint and r["procedure"] == "full_checker" and r["workload"] == "calibration"
-                and r["steps"] == STEPS)
+    from calibration_cost import bundled_cost
+    cost = bundled_cost(fingerprint, STEPS)["cost_generations"]
     model = RiskModel.load(path)
     return model, {"procedure": "full_checker", "cost_generations": cost,
                    "thresholds": {k: v for k, v in model.thresholds.items() if ":" not in k}}
