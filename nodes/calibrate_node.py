@@ -60,7 +60,9 @@ class CarnatorCalibrate(io.ComfyNode):
                 io.Combo.Input("procedure", options=["full", "cheap"], default="full", optional=True,
                                tooltip="full: every depth of every pair measured and the risk model fitted on this model. cheap: the bundled tiny world's risk ranking kept and only its thresholds certified here, on the decisions the gate would take (with its recipe: probe_fraction 0.05, region M on its own tokens); about 200 generation-equivalents certified same-scene reuse at α = 10% on the tiny world, and edits are refused until enough labels exist (the report says how many more)."),
                 io.Float.Input("budget_generations", default=0.0, min=0.0, max=1e7, step=1.0, optional=True,
-                               tooltip="Stop measuring new pairs once this much model work is spent, in generation-equivalents (1 = one full generation at these steps and size; a pair costs about 2 + 7). The pair in progress is finished, what was measured is fitted, and running it again with a larger budget continues. 0: no limit."),
+                               tooltip="Stop measuring new pairs once this much model work is spent, in generation-equivalents (1 = one full generation at these steps and size, or at served_latent's size when connected; a pair costs about 2 + 7). The pair in progress is finished, what was measured is fitted, and running it again with a larger budget continues. 0: no limit."),
+                io.Latent.Input("served_latent", optional=True,
+                                tooltip="An empty latent of the size you generate, when latent_image is a smaller proxy: budget_generations and the report count model work in generations of this size (by token rows). The calibration is still measured at latent_image's size, and requests of this size are told so."),
             ],
             outputs=[io.String.Output("report", tooltip="Pairs and reuses measured, certified budgets, the held-out check.")],
             hidden=[io.Hidden.unique_id, io.Hidden.prompt],
@@ -73,7 +75,7 @@ class CarnatorCalibrate(io.ComfyNode):
                 cache=None, low_noise_model=None, switch_step=0,
                 switch_sigma=WAN22_SWITCH_SIGMA, probe_fraction=DEFAULT_PROBE_FRACTION,
                 fill_region_on_its_tokens=False, region_margin=0, procedure="full",
-                budget_generations=0.0) -> io.NodeOutput:
+                budget_generations=0.0, served_latent=None) -> io.NodeOutput:
         folder = (cache or {}).get("folder") or default_cache_folder()
         transferred, text_of = None, report_text
         if procedure == "cheap":  # the ranking's own recipe: its evidence means what it meant there
@@ -92,7 +94,7 @@ class CarnatorCalibrate(io.ComfyNode):
                                     low_noise_model=low_noise_model, switch_step=switch_step,
                                     switch_sigma=switch_sigma, budget_generations=budget_generations,
                                     procedure="cheap" if transferred is not None else "generic",
-                                    transferred=transferred)
+                                    transferred=transferred, served_latent=served_latent)
         names = model_file_names(cls.hidden.prompt, node_id_of(cls))
         if names and report.get("model_fingerprint"):  # the cache tab names it as it was loaded
             remember_model_names(folder, report["model_fingerprint"], names)

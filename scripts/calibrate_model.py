@@ -65,7 +65,7 @@ def calibrate_one(model_path: str, latent: str, steps: int, cfg: float, pairs: i
                   switch_sigma: float = 0.875, probe_fraction: float | None = DEFAULT_PROBE_FRACTION,
                   fill_on_m: bool = False, region_margin: int = 0,
                   budget_generations: float = 0.0, procedure: str = "generic",
-                  transfer: str | None = None) -> dict:
+                  transfer: str | None = None, served_latent: str | None = None) -> dict:
     import comfy.sd
     import torch
     from carnator_core.calibration import pairs as prompt_pairs
@@ -79,6 +79,8 @@ def calibrate_one(model_path: str, latent: str, steps: int, cfg: float, pairs: i
         pair = dict(low_noise_model=comfy.sd.load_diffusion_model(low_noise_model),
                     switch_step=switch_step, switch_sigma=switch_sigma)
     shape = (1,) + tuple(int(x) for x in latent.lower().split("x"))
+    served = {"samples": torch.zeros((1,) + tuple(int(x) for x in served_latent.lower().split("x")))} \
+        if served_latent else None
     transferred, text = None, report_text
     if procedure == "cheap":
         from carnator_core.calibration import cheap
@@ -99,7 +101,7 @@ def calibrate_one(model_path: str, latent: str, steps: int, cfg: float, pairs: i
     _, report = calibrate_model(model, clip, {"samples": torch.zeros(shape)}, chosen, steps, cfg,
                                 sampler, scheduler, Tolerance(psnr_bound, "frames" if vae else "latent"),
                                 cache, settings, vae=vae, seed=seed, budget_generations=budget_generations,
-                                procedure=procedure, transferred=transferred, **pair)
+                                procedure=procedure, transferred=transferred, served_latent=served, **pair)
     print(text(report))
     print(f"  {time.time() - t0:.0f} s, {report.get('cost_generations', 0):.1f} generation-equivalents")
     return report
@@ -139,6 +141,9 @@ def main() -> int:
                     help="stop starting new pairs once B generation-equivalents are spent (1 = one full "
                          "generation at --steps and --latent; a pair costs about 2 + 7); what was measured "
                          "is fitted, and the same command with a larger B continues. 0: no limit")
+    ap.add_argument("--served-latent", default=None, metavar="CxTxHxW",
+                    help="the latent you generate, when --latent is a smaller proxy: --budget-generations and "
+                         "the report count generations of this size (by token rows)")
     ap.add_argument("--procedure", choices=("generic", "cheap"), default="generic",
                     help="generic: every depth of every pair, the ranking fitted here (thousands of "
                          "generation-equivalents); cheap: the ranking of --transfer kept, only its thresholds "
@@ -192,7 +197,8 @@ def main() -> int:
     probe = a.probe_fraction if a.procedure == "cheap" else (a.probe_fraction or DEFAULT_PROBE_FRACTION)
     calibrate_one(a.model, a.latent, a.steps, a.cfg, a.pairs, prompts, cache, clip, vae, a.psnr_bound,
                   a.sampler, a.scheduler, a.seed, a.low_noise_model, a.switch_step, a.switch_sigma,
-                  probe, a.fill_on_m, a.region_margin, a.budget_generations, a.procedure, a.transfer)
+                  probe, a.fill_on_m, a.region_margin, a.budget_generations, a.procedure, a.transfer,
+                  a.served_latent)
     return 0
 
 

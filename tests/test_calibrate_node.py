@@ -96,6 +96,16 @@ def test_the_cheap_procedure_keeps_the_bundled_ranking_within_its_budget(tmp_pat
         # the ranking's probe, 0.05: its measurements are kept apart from a full calibration's
         assert any(n.endswith(".probe0.05.cheap.progress.jsonl") for n in files), files
 
+        # measured at 64×64 px and served at 128×128 (four times the tokens): a budget of 1
+        # generation of the served size stops the same pairs as 4 did at the measured one
+        wf = calibrate_workflow()
+        wf["9"] = {"class_type": "EmptyHunyuanLatentVideo",
+                   "inputs": {**wf["4"]["inputs"], "width": 128, "height": 128}}
+        wf["5"]["inputs"].update(procedure="cheap", pairs=8, budget_generations=1.0, served_latent=["9", 0])
+        served = server.run(wf, timeout=900)["outputs"]["5"]["text"][0]
+        assert "at the served size, latent 2×16×16" in served and "25.0% of its tokens" in served, served
+        assert "stopped by the budget of 1 generation-equivalents of the served size" in served, served
+
         wf = calibrate_workflow()
         wf["5"]["inputs"].update(procedure="cheap", pairs=8, budget_generations=4.0, probe_fraction=0.1)
         with pytest.raises(RuntimeError, match="keeps a ranking learned with probe_fraction 0.05, not 0.1"):

@@ -11,7 +11,8 @@ import torch
 
 from carnator_core.calibration import pairs as prompt_pairs
 from carnator_core.calibration.generic import progress_path, report_text
-from carnator_core.calibration.meter import ComputeMeter, CostLedger, PairCost, at_served_size, pair_cost
+from carnator_core.calibration.meter import (ComputeMeter, CostLedger, PairCost, ServedSize, at_served_size,
+                                             cost_text, pair_cost)
 from carnator_core.calibration.tolerance import Tolerance
 from carnator_core.comfy_adapter import attach_meter, calibrate_model, model_fingerprint
 from carnator_core.gate import calibration_file
@@ -148,3 +149,41 @@ def test_the_ledger_counts_old_records_by_rule_and_says_when_the_budget_stops():
     line = ledger.progress_line(2, 2)
     assert "2 pairs left ≈ 6 generation-equivalents, ETA 20 s" in line, line
     assert "the budget is spent: no new pair is started" in line
+
+
+def test_a_budget_at_the_served_size_counts_a_proxy_s_work_by_its_share_of_the_tokens():
+    """Calibrating at a quarter of the served tokens, a budget of 2 served generations lets 8
+    generations at the calibrated size be spent; the progress line and the report say both."""
+    served = ServedSize.of((3, 8, 8), (3, 16, 16))
+    assert served.token_share == pytest.approx(0.25) and served.latent == (3, 16, 16)
+    ledger = CostLedger(budget_generations=2.0, pairs_planned=4, served=served)
+    ledger.measured.append(PairCost(4.0, 8.0))
+    assert not ledger.exhausted and ledger.spent_against_budget == pytest.approx(1.0)
+    line = ledger.progress_line(1, 3)
+    assert "spent 4.0 (1.0 at the served size) of a budget of 2" in line, line
+    assert "the budget stops it after about 1 pair more" in line, line
+    ledger.measured.append(PairCost(4.0, 8.0))
+    assert ledger.exhausted and ledger.skip_if_spent() and ledger.skip_if_spent()  # the two pairs left
+    text = "\n".join(cost_text({"cost": ledger.as_dict(), "latents": [[3, 8, 8]], "seconds": 16}))
+    assert "cost: 8.0 generation-equivalents" in text and "latent 3×8×8" in text, text
+    assert "at the served size, latent 3×16×16: 2.0 generation-equivalents of that size" in text, text
+    assert "25.0% of its tokens" in text and "the budget of 2 is counted there" in text, text
+    assert "stopped by the budget of 2 generation-equivalents of the served size after 2 of 4 pairs" in text, text
+    with pytest.raises(ValueError, match="three positive counts"):
+        ServedSize.of((3, 8, 8), (3, 0, 16))
+
+
+def test_a_calibration_with_a_served_latent_stops_at_the_budget_counted_at_that_size(wan21, requests_in, tmp_path):
+    """The real tiny Wan through the adapter: measured at 3×8×8 and served at 3×16×16 (four
+    times the tokens), a budget of 2.5 served generations is 10 at the calibrated size."""
+    folder, pairs = tmp_path / "cache", prompt_pairs.pairs(n=4, seed=0)
+    latent, served = {"samples": torch.zeros(SHAPE)}, {"samples": torch.zeros(1, 16, 3, 16, 16)}
+    _, report = calibrate_model(wan21, None, latent, pairs, STEPS, 4.0, "euler", "simple", Tolerance(30.0, "latent"),
+                                str(folder), requests_in.settings, budget_generations=2.5, served_latent=served)
+    cost = report["cost"]
+    assert cost["stopped_by_budget"] and cost["served"]["latent"] == [3, 16, 16]
+    assert cost["served"]["token_share"] == pytest.approx(0.25)
+    assert cost["served"]["cost_generations"] == pytest.approx(report["cost_generations"] / 4, abs=1e-3)
+    assert 2.5 <= cost["served"]["cost_generations"] <= 2.5 + cost["generations_per_pair"] / 4 + 1e-6
+    assert cost["pairs_measured_now"] == 2  # as a budget of 10 at the calibrated size stops it
+    assert "at the served size, latent 3×16×16" in report_text(report)

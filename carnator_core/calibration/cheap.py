@@ -57,7 +57,7 @@ from ..pipeline import ReuseSettings
 from . import fit as CAL
 from .generic import (FullRun, _progress_rows, _say, append_progress, compute_pair, direction_evidence,
                       measure_reuse, metered_cost, pair_id, progress_path, psnr_outcome, reuse_depths)
-from .meter import ComputeMeter, CostLedger, PairCost
+from .meter import ComputeMeter, CostLedger, PairCost, ServedSize
 from .sequential import RiskSequence
 from .tolerance import Tolerance
 from .pairs import PARAPHRASE_SHARE, pool, pool_from_text
@@ -311,7 +311,8 @@ def _planned(ledger: CostLedger, seen: int, listed: int) -> float:
     runs a pair before any), all listed without a budget."""
     if ledger.budget_generations <= 0:
         return float(listed)
-    per_pair = ledger.spent / seen if seen else 2.0
+    per_pair = ledger.spent_against_budget / seen if seen else (ledger.served.generations(2.0)
+                                                               if ledger.served else 2.0)
     return min(float(listed), ledger.budget_generations / max(per_pair, 1e-9) + 1)
 
 
@@ -484,8 +485,10 @@ def calibrate(make_run: Callable[[str, int], object], pairs: list[dict], setting
               decode: Callable[[torch.Tensor], torch.Tensor] | None = None,
               budget_generations: float = 0.0, budgets=CHEAP_BUDGETS, delta: float = DELTA,
               meter: ComputeMeter | None = None, judge=None, log: Callable[[str], None] | None = None,
-              on_pair: Callable[[int, int], None] | None = None) -> tuple[RiskModel, dict]:
-    """Measure (resumably, within ``budget_generations``; 0: every pair), certify and — where
+              on_pair: Callable[[int, int], None] | None = None,
+              served: ServedSize | None = None) -> tuple[RiskModel, dict]:
+    """Measure (resumably, within ``budget_generations``; 0: every pair, counted in generations
+    of the ``served`` size where given), certify and — where
     anything was certified — save the calibration file the gate loads for ``fingerprint``, the
     report beside it. ``judge`` labels reuses (default: PSNR against the request's own full
     computation by ``tolerance``, on frames with ``decode``)."""
@@ -497,7 +500,7 @@ def calibrate(make_run: Callable[[str, int], object], pairs: list[dict], setting
     if judge is None:
         def judge(pair, side, full: FullRun):  # noqa: ARG001 - the default judges by PSNR alone
             return psnr_outcome(full, tolerance, decode)
-    ledger = CostLedger(budget_generations=max(0.0, float(budget_generations or 0)))
+    ledger = CostLedger(budget_generations=max(0.0, float(budget_generations or 0)), served=served)
     rows = measure(pairs, make_run, settings, transferred, cheap_progress_path(path), steps, seed, judge,
                    budgets, meter=meter, ledger=ledger, log=log, on_pair=on_pair, delta=delta)
     model, report = fit_rows(rows, transferred, settings, steps, budgets, delta, tolerance.as_dict())

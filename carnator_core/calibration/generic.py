@@ -29,7 +29,7 @@ from ..gate import RiskModel, evidence, evidence_class, finish_allows, reuse_reg
 from ..pipeline import ReuseSettings, TrajectoryRecord, fill_region, guided_finish_for, region_share_for
 from ..reuse.region_compute import RegionFinish
 from ..signature import tiles_to_latent_mask
-from .meter import ComputeMeter, CostLedger, PairCost, cost_text, pair_cost
+from .meter import ComputeMeter, CostLedger, PairCost, ServedSize, cost_text, pair_cost
 from .tolerance import Tolerance, psnr
 
 
@@ -339,7 +339,7 @@ def calibrate(make_run: Callable[[str, int], object], pairs: list[dict], setting
               include_audits: bool = True, delta: float = 0.1,
               on_pair: Callable[[int, int], None] | None = None,
               form: str | None = None, meter: ComputeMeter | None = None,
-              budget_generations: float = 0.0,
+              budget_generations: float = 0.0, served: ServedSize | None = None,
               log: Callable[[str], None] | None = None) -> tuple[RiskModel, dict]:
     """Measure (resumably), fit, certify and save the calibration file the gate loads for
     ``fingerprint``; the report (with its held-out check) is saved beside it. ``form``: the
@@ -349,12 +349,13 @@ def calibrate(make_run: Callable[[str, int], object], pairs: list[dict], setting
     the model; the progress file keeps each pair's cost, so a resumed calibration counts the
     spend of earlier runs), ``seconds`` this run's wall time. ``budget_generations`` > 0: no
     new pair is started once that much is spent; what was measured is fitted (the report says
-    the budget stopped it) and a rerun with a larger budget continues."""
+    the budget stopped it) and a rerun with a larger budget continues. ``served``: the size
+    served when this one is a proxy; the budget and the report count generations of it."""
     from . import fit as CAL
     from .audit import DB_NAME, AuditLog
     t0 = time.perf_counter()
     path = CAL.calibration_path(cache_folder, fingerprint, settings.probe_fraction)
-    ledger = CostLedger(budget_generations=max(0.0, float(budget_generations or 0)))
+    ledger = CostLedger(budget_generations=max(0.0, float(budget_generations or 0)), served=served)
     instances = measure(pairs, make_run, settings, tolerance, progress_path(path), steps, seed,
                         decode, on_pair=on_pair, log=log, meter=meter, ledger=ledger)
     used = len(pairs) - ledger.pairs_skipped

@@ -68,6 +68,28 @@ def at_served_size(generations: float, calibrated_tokens: int, served_tokens: in
     return generations * calibrated_tokens / served_tokens
 
 
+@dataclass(frozen=True)
+class ServedSize:
+    """The latent size a calibration's user serves, when it measures at a smaller one (a
+    proxy): its budget and its report count model work in generations of this size."""
+    latent: tuple[int, int, int]      # frames × height × width, in latent units
+    token_share: float                # the calibrated latent's tokens over this one's
+
+    @classmethod
+    def of(cls, calibrated: tuple[int, ...], served: tuple[int, ...]) -> "ServedSize":
+        cal_cells, served_cells = _cells(calibrated), _cells(served)
+        return cls(tuple(served), at_served_size(1.0, cal_cells, served_cells))
+
+    def generations(self, at_calibrated_size: float) -> float:
+        return at_calibrated_size * self.token_share
+
+
+def _cells(latent: tuple[int, ...]) -> int:
+    if len(latent) != 3 or any(int(n) <= 0 for n in latent):
+        raise ValueError(f"a latent size is three positive counts (frames, height, width), got {latent}")
+    return int(latent[0]) * int(latent[1]) * int(latent[2])
+
+
 # ------------------------------------------------------------------ one calibration's ledger
 @dataclass
 class PairCost:
@@ -91,8 +113,10 @@ class PairCost:
 @dataclass
 class CostLedger:
     """What one calibration spends: pairs carried from its progress file and pairs measured
-    now, against an optional budget (0: none), with the ETA of the pairs left."""
+    now, against an optional budget (0: none), with the ETA of the pairs left. With ``served``
+    the budget is in generations of the served size, and what is spent is counted there too."""
     budget_generations: float = 0.0
+    served: ServedSize | None = None
     pairs_planned: int = 0
     carried: list[PairCost] = field(default_factory=list)
     measured: list[PairCost] = field(default_factory=list)
@@ -104,8 +128,13 @@ class CostLedger:
         return sum(c.generations for c in self.carried + self.measured)
 
     @property
+    def spent_against_budget(self) -> float:
+        """What is spent, in the budget's unit (the served size's generations where given)."""
+        return self.served.generations(self.spent) if self.served else self.spent
+
+    @property
     def exhausted(self) -> bool:
-        return self.budget_generations > 0 and self.spent >= self.budget_generations
+        return self.budget_generations > 0 and self.spent_against_budget >= self.budget_generations
 
     def carry(self, done: dict[str, dict], pair_ids: list[str], steps: int) -> None:
         """Count what the pairs measured before (in ``done``, the progress file) cost, each
@@ -140,6 +169,7 @@ class CostLedger:
                 f"{last.generations:.2f} generation-equivalents"
                 + (f" in {last.seconds:.0f} s" if last.seconds is not None else "")
                 + f"; spent {self.spent:.1f}"
+                + (f" ({self.spent_against_budget:.1f} at the served size)" if self.served else "")
                 + (f" of a budget of {self.budget_generations:g}" if self.budget_generations > 0 else ""))
         if left and cost:
             line += (f"; {_pairs(left)} left ≈ {left * cost:.0f} generation-equivalents"
@@ -147,8 +177,9 @@ class CostLedger:
                      + f" (from {_pairs(len(self.measured))} measured: {cost:.2f} per pair"
                      + (f", {secs:.0f} s per pair)" if secs is not None else ")"))
             if self.budget_generations > 0:
-                room = max(0.0, self.budget_generations - self.spent)
-                fits = min(left, int(-(-room // cost)))  # the pair that crosses it is finished
+                room = max(0.0, self.budget_generations - self.spent_against_budget)
+                per = self.served.generations(cost) if self.served else cost
+                fits = min(left, int(-(-room // per)))  # the pair that crosses it is finished
                 if fits == 0:
                     line += "; the budget is spent: no new pair is started"
                 elif fits < left:
@@ -168,6 +199,8 @@ class CostLedger:
             "seconds_per_pair": None if secs is None else round(secs, 2),
             "measuring_seconds": round(sum(c.seconds or 0.0 for c in self.carried + self.measured), 1),
             "budget_generations": self.budget_generations, "stopped_by_budget": self.stopped_by_budget,
+            **({"served": {"latent": list(self.served.latent), "token_share": round(self.served.token_share, 6),
+                           "cost_generations": round(self.spent_against_budget, 3)}} if self.served else {}),
         }
 
 
@@ -197,11 +230,20 @@ def cost_text(report: dict) -> list[str]:
              f"{report.get('seconds', 0):.0f} s wall in this run"
              + (f"; {cost['pairs_by_rule']} pairs measured before the meter counted by rule"
                 if cost.get("pairs_by_rule") else "")]
+    served = cost.get("served")
+    if served:
+        lines.append(f"at the served size, latent {shape_str(served['latent'])}: "
+                     f"{served['cost_generations']:.1f} generation-equivalents of that size (this calibration's "
+                     f"latent has {served['token_share']:.1%} of its tokens; counted by token rows, not FLOPs)"
+                     + (f"; the budget of {cost['budget_generations']:g} is counted there"
+                        if cost.get("budget_generations") else ""))
     if cost.get("stopped_by_budget"):
         done = cost["pairs_planned"] - cost["pairs_skipped"]
-        lines.append(f"stopped by the budget of {cost['budget_generations']:g} generation-equivalents after "
-                     f"{done} of {cost['pairs_planned']} pairs (the pair that crossed it was finished: spent "
-                     f"{spent:.1f}); the results above use those {_pairs(done)}. Run it "
+        lines.append(f"stopped by the budget of {cost['budget_generations']:g} generation-equivalents"
+                     + (" of the served size" if served else "")
+                     + f" after {done} of {cost['pairs_planned']} pairs (the pair that crossed it was finished: "
+                     f"spent {served['cost_generations'] if served else spent:.1f}); the results above use those "
+                     f"{_pairs(done)}. Run it "
                      "again with a larger budget and it continues where it stopped: measured pairs and "
                      "their cost are kept in the progress file")
     return lines

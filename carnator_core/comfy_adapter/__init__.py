@@ -110,20 +110,24 @@ def calibrate_model(model, clip, latent: dict, pairs: list[dict], steps: int, cf
                     sampler_name: str, scheduler: str, tolerance, cache_folder: str,
                     settings, vae=None, seed: int = 0, include_audits: bool = True,
                     node_id: str | None = None, budget_generations: float = 0.0, log=None,
-                    procedure: str = "generic", transferred=None, **pair):
+                    procedure: str = "generic", transferred=None, served_latent: dict | None = None,
+                    **pair):
     """Run the generic calibration (``self_calibration``) on a ComfyUI model with ComfyUI's
     progress bar; resumable. Returns (RiskModel, report dict). ``pair``: low_noise_model,
     switch_step, switch_sigma — a Wan 2.2 A14B pair is calibrated as the one model it is.
     The model's work is metered at its last block (``attach_meter``); ``budget_generations``
     (0: none) stops measuring new pairs once that many generation-equivalents are spent.
     ``procedure`` "cheap": ``calibration.cheap`` — the ranking of ``transferred`` (a calibrated
-    RiskModel), only its thresholds certified on this model."""
+    RiskModel), only its thresholds certified on this model. ``served_latent``: the size you
+    generate when ``latent`` is a smaller proxy; the budget and the report count generations
+    of that size."""
     from ..calibration.generic import calibrate
     if procedure not in ("generic", "cheap"):
         raise ValueError(f"unknown calibration procedure {procedure!r} (generic or cheap)")
     if procedure == "cheap" and transferred is None:
         raise ValueError("the cheap calibration needs a calibrated model to transfer its ranking from")
-    from ..calibration.meter import ComputeMeter
+    from ..calibration.meter import ComputeMeter, ServedSize
+    served = None if served_latent is None else ServedSize.of(latent_cells(latent), latent_cells(served_latent))
     negative = encode_text(clip, "", model)
     conds: dict[str, Any] = {}
 
@@ -147,12 +151,20 @@ def calibrate_model(model, clip, latent: dict, pairs: list[dict], steps: int, cf
             from ..calibration import cheap
             return cheap.calibrate(make_run, pairs, settings, tolerance, cache_folder, fingerprint, steps,
                                    transferred, seed=seed, decode=frames_decoder(vae), meter=meter,
-                                   budget_generations=budget_generations, log=log, on_pair=on_pair)
+                                   budget_generations=budget_generations, log=log, on_pair=on_pair,
+                                   served=served)
         return calibrate(make_run, pairs, settings, tolerance, cache_folder, fingerprint, steps,
                          seed=seed, decode=frames_decoder(vae), include_audits=include_audits,
-                         on_pair=on_pair, meter=meter, budget_generations=budget_generations, log=log)
+                         on_pair=on_pair, meter=meter, budget_generations=budget_generations, log=log,
+                         served=served)
     finally:
         detach()
+
+
+def latent_cells(latent: dict) -> tuple[int, int, int]:
+    """A LATENT's size as frames × height × width in latent units (an image latent: 1 frame)."""
+    shape = tuple(latent["samples"].shape)
+    return (int(shape[2]), int(shape[3]), int(shape[4])) if len(shape) == 5 else (1, int(shape[2]), int(shape[3]))
 
 
 def _latent_format_class(name: str):
