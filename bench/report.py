@@ -78,7 +78,7 @@ def ci(m: dict) -> str:
 
 
 def depth_table(res: dict, budgets=(0.02, 0.05, 0.1)) -> str:
-    """Issue 10's numbers: per workload and budget, what the gate reused and how deep."""
+    """Per workload and budget, what the gate reused and how deep."""
     rows = []
     for wl, sweep in res["sweeps"].items():
         for m in sweep["carnator"]:

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 13's retraining of the tiny world on the broad language, as one resumable recipe:
+# The retraining of the tiny world on the broad language, as one resumable recipe:
 # rerun it (same arguments) until it says the chain is done; each run trains for MINUTES.
 #   stage A: the caption-trained model fine-tuned on half broad-language captions to 6,000 steps
 #            (models/tinyworld_broad/);

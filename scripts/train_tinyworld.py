@@ -117,7 +117,7 @@ def init_weights(m):
 def bank_captions(n, seed, language="caption", broad_share=0.5):
     """The bank's scenes and training captions. ``caption``: world.caption()'s paraphrases
     (the caption-trained model's bank, unchanged); ``broad``: a share ``broad_share`` of
-    tinyworld.language's training-family phrasings, the rest caption()'s (issue 13; the
+    tinyworld.language's training-family phrasings, the rest caption()'s (the
     held-out families never enter)."""
     rng = random.Random(seed)
     scenes, captions = [], []

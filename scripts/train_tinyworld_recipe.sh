@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The recipe of the first tiny-world model, trained on caption()'s phrasing alone
-# (models/tinyworld_caption/; the bundled tiny world until issue 13's retrained model replaced it).
+# (models/tinyworld_caption/; no longer the bundled one: that is retrained on the broad language).
 #   bash scripts/train_tinyworld_recipe.sh [DIR]      # about 2 h 40 min on 2 cores
 # Each phase resumes the previous checkpoint and stops at a step count (--steps), so the
 # phases can also be run one at a time. The committed run was made this way over two sessions,

@@ -227,7 +227,7 @@ def test_malformed_index_rows_are_restored_from_their_files(tiny_models, request
     _, s1 = requests_in(wan, "wan21", PROMPT)
     with sqlite3.connect(folder / "carnator.sqlite") as db:
         db.execute("UPDATE entries SET snapshot_steps = '[1, 2' WHERE id = ?", [s1.stored_id])
-        # the full signature lives beside the row since issue 14 (cache_index.py)
+        # the full signature lives beside the row (cache/index.py)
         db.execute("UPDATE signatures SET signature = x'00ff00' WHERE id = ?", [s1.stored_id])
     latent, s2 = requests_in(wan, "wan21", RELATED)
     assert torch.isfinite(latent).all()

@@ -1,4 +1,4 @@
-"""The SQLite cache at scale reads only what it needs (issue 14): lookup scans compact
+"""The SQLite cache at scale reads only what it needs: lookup scans compact
 descriptor blocks kept in the index, holding at most a fixed budget of them in memory and
 re-reading only rows appended since, size totals are counters kept by triggers, eviction
 walks an index, and the integrity check runs once per process. Engagement is proven by

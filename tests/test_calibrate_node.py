@@ -1,6 +1,6 @@
 """Carnator Calibrate in the real ComfyUI server: the example workflow's node calibrates the
 model it is given, the sampler then reports its gate as calibrated, and the cache tab's
-route lists it (issue 11)."""
+route lists it."""
 import copy
 import json
 from pathlib import Path

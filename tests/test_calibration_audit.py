@@ -1,4 +1,4 @@
-"""Issue 11: calibrating on the user's own model, and live audits of its gate.
+"""Calibrating on the user's own model, and live audits of its gate.
 
 The calibration and the audits run on the bundled tiny models through ComfyUI's own
 loader; the audit log is a real SQLite file; tightening is driven by synthetic streams
@@ -381,7 +381,7 @@ def test_audits_are_kept_apart_per_probe_and_an_older_file_gains_the_column(tmp_
     assert audit.calibration_id(RiskModel(**{**before.__dict__, "probe_fraction": 0.05})) != "8ffb30875a8fc0ef"
 
 
-# ------------------------------------------------------------------ the recipe for edits (issue 10)
+# ------------------------------------------------------------------ the recipe for edits
 def test_a_calibration_with_m_filled_on_its_tokens_measures_it_and_hands_it_to_the_gate(tiny_models, requests_in):
     """Calibrated with M filled on its own tokens and widened by a tile: every reuse with a
     region computed M's own trajectory (model calls on M's tokens), the edits' M was widened,

@@ -1,4 +1,4 @@
-"""What a request keeps and stores stays small (issue 17), and a hit's result does not change.
+"""What a request keeps and stores stays small, and a hit's result does not change.
 
 - The capture allocates nothing of q's or k's size: no float32 (or padded) copies of them,
   one block at a time at most (allocations recorded by torch's profiler, by size).

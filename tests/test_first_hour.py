@@ -1,4 +1,4 @@
-"""A user's first hour (issue 15): the pictures the README opens with regenerate byte for byte,
+"""A user's first hour: the pictures the README opens with regenerate byte for byte,
 the example workflows label each request with its own prompt, and the first example is the
 trained tiny world with its own text encoder."""
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Smoke run of the tiny-world benchmark and calibration (issue 5 items 5–6).
+"""Smoke run of the tiny-world benchmark and calibration.
 
 A handful of requests on the committed tiny-world model: the JSON has the documented shape,
 Carnator hits on a workload of exact pairs, and the calibration pieces fit, save and load a
@@ -39,7 +39,7 @@ def test_workload_files_shipped():
              for x in (REPO / "bench" / "workloads" / f"{n}.jsonl").read_text().splitlines()]
     assert not {x["prompt"] for x in cal} & {x["prompt"] for x in other}
     assert not {x["seed"] for x in cal} & {x["seed"] for x in other}
-    # editing-session pairs many edits apart are part of the calibration (issue 10: without
+    # editing-session pairs many edits apart are part of the calibration (without
     # them the budget broke on iterate), and the replicate of iterate shares no seed with it
     chains = [x for x in cal if x["kind"] == "session_chain" and x["role"] == "variant"]
     assert len(chains) >= 100 and max(len(x["edits"].split("+")) for x in chains) >= 6

@@ -1,4 +1,4 @@
-"""The tiny world's ground truth (issue 13): workload lines carry the scene they were written
+"""The tiny world's ground truth: workload lines carry the scene they were written
 from, the benchmark judges by that scene, and ``parse_caption`` reads exactly what
 ``caption()`` writes — anything else is a ValueError, never a wrong scene.
 

@@ -1,4 +1,4 @@
-"""The tiny world's broad language (issue 13): tinyworld.language's families, their split,
+"""The tiny world's broad language: tinyworld.language's families, their split,
 and that every phrasing describes exactly its scene.
 
 The scene check reads each phrasing with keyword tables of its own (below), not the

@@ -23,10 +23,10 @@ held-out phrasings of one scene whose videos are within --psnr-bound (30 dB), an
 phrasing against the canonical caption's video.
 
 Writes bench/results/phrasing.json: ``held_out_phrasing_all_right`` (share of held-out
-prompts with every attribute of every object right, issue 13's key) with
+prompts with every attribute of every object right, the key figure) with
 ``held_out_phrasing_per_attribute`` beside it (share of prompts with that attribute right for
 every object, and the object count), the same for the training, caption() and canonical
-rows, the pair shares, issue 13's targets with pass/fail, per-family and per-object-count
+rows, the pair shares, the language targets with pass/fail, per-family and per-object-count
 figures, every prompt's record, the model and the command.
 """
 from __future__ import annotations

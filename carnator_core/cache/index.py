@@ -1,6 +1,6 @@
 """The SQLite index's schema, and the few statements that must keep its parts in step.
 
-Since issue 14 an entry's index row is small and fixed-size; what is large lives apart:
+An entry's index row is small and fixed-size; what is large lives apart:
 
     entries      one row per entry: keys, sizes, usage, pins (no signature: it made every
                  row span overflow pages, and every scan of ``bytes`` walk them)
@@ -89,7 +89,7 @@ def served_class(class_key: str) -> str:
 
 
 def create_index_tables(db) -> None:
-    """Inside a write transaction: the issue-14 tables, migrating a v2 index in place."""
+    """Inside a write transaction: the compact-row tables, migrating a v2 index in place."""
     from .entry import ENTRY_COLUMNS
     tables = set(db.table_names())
     if "entries" not in tables:

@@ -88,7 +88,7 @@ def direction_evidence(request: FullRun, candidate: FullRun, settings: ReuseSett
     new_sig, old_sig = request.record.signature(p - 1), candidate.record.signature(p - 1)
     feats, region = evidence(new_sig, old_sig, new_sig.similarity(old_sig), region_threshold)
     inst = {"features": feats, "depths": [], "latent": [int(v) for v in request.record.thw]}
-    if p > 1:  # what a one-step probe would have seen (issue 10: probe cost)
+    if p > 1:  # what a one-step probe would have seen (a cheaper probe's evidence)
         new0, old0 = request.record.signature(0), candidate.record.signature(0)
         inst["features_step0"] = evidence(new0, old0, new0.similarity(old0), region_threshold)[0]
     klass = evidence_class(feats)

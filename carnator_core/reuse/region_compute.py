@@ -138,8 +138,8 @@ class RegionFinish:
         x0.copy_(torch.lerp(outside.to(x0.device, x0.dtype), x0, self.mask.to(x0.device, x0.dtype)))
 
 
-# The fill of region M that computes M's own trajectory on its tokens (issue 10,
-# bench/studies/region_fill_study.py): two segments of two steps, each a full call then a call on M's
+# The fill of region M that computes M's own trajectory on its tokens
+# (bench/studies/region_fill_study.py): two segments of two steps, each a full call then a call on M's
 # tokens alone. The first starts at the first stored snapshot after the probe (M there the
 # probe's x̂0 re-noised), the second at the stored snapshot nearest the middle from there to
 # k*; at each start the outside is the candidate's stored latent, so M is computed among the
