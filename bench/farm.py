@@ -47,9 +47,11 @@ def worker(location: str, lines: list[dict], local: str, probe_fraction: float) 
     from carnator_core.pipeline import ReuseSettings
     from carnator_core.reuse.sparse_reuse import SparseSettings
     model_file = default_risk_model(world.fingerprint, probe_fraction, world.steps)
-    if model_file:  # the same calibrated gate in both modes, read from the local folder; the
-        # calibration carries its recipe (fill of M, finishes), which hits then run
-        dst = calibration_file(local, world.fingerprint, probe_fraction)
+    # the same calibrated gate in both modes (the calibration carries its recipe, fill of M and
+    # finishes, which hits then run): a SQLite cache reads calibration files in its own folder,
+    # a PostgreSQL one in this machine's local folder (cache/postgres.py)
+    for folder in ([local] + ([location] if "://" not in location else [])) if model_file else []:
+        dst = calibration_file(folder, world.fingerprint, probe_fraction)
         dst.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(model_file, dst)
     settings = ReuseSettings(probe_fraction=probe_fraction, gate=GateSettings(risk_budget=0.05),
@@ -64,7 +66,7 @@ def worker(location: str, lines: list[dict], local: str, probe_fraction: float) 
         out.append({"i": ln["i"], "outcome": s.outcome, "t": time.perf_counter() - t0,
                     "steps_total": s.steps_total, "steps_computed": s.step_equivalents,
                     "why": s.why, "entry_id": s.entry_id, "stored_id": s.stored_id,
-                    "reuse_step": s.reuse_step,
+                    "reuse_step": s.reuse_step, "calibrated": s.calibration.startswith("gate: calibrated"),
                     "scene": str(WD.scene_key(ln["scene"])) if ln.get("scene") else None})
     return out
 

@@ -93,7 +93,7 @@ def test_audit_stream_benchmark_smoke(tmp_path):
 def test_farm_benchmark_explains_every_request_by_its_records(tmp_path):
     """Two workers, eight requests, shared PostgreSQL then private SQLite: every request not
     served by a reuse carries the gate's reason, every hit names an entry this run stored,
-    and the explanation's groups partition the requests."""
+    the explanation's groups partition the requests, and both modes ran the calibrated gate."""
     sys.path.insert(0, str(REPO / "tests"))
     from pg_cluster import pg_bin
     if pg_bin() is None:
@@ -108,6 +108,7 @@ def test_farm_benchmark_explains_every_request_by_its_records(tmp_path):
         assert len(recs) == row["requests"] == 8 and {r["worker"] for r in recs} == {0, 1}
         stored = {r["stored_id"] for r in recs if r["stored_id"]}
         for r in recs:
+            assert r["calibrated"], (row["mode"], r)
             assert (r["outcome"] == "hit") == (not r["why"]) and (not r["why"] or r["why"] in WHY_NOT), r
             assert r["outcome"] != "hit" or r["entry_id"] in stored, r
         assert sum(g["requests"] for g in row["explained"].values()) == 8
