@@ -34,6 +34,7 @@ from carnator_core.calibration.risk_control import clopper_pearson_upper  # noqa
 from carnator_core.evidence import evidence_class  # noqa: E402
 from carnator_core.risk_model import RiskModel  # noqa: E402
 from tinyworld import world as WD  # noqa: E402
+from wording_evidence import noise_of  # noqa: E402 - the noise a request starts from
 
 PARTS = os.path.join(REPO, "bench", "results", "wording_parts")
 STUDIES = os.path.join(REPO, "bench", "results", "studies")
@@ -49,11 +50,6 @@ def instances_of(*folders: str) -> list[dict]:
     return [i for folder in folders
             for path in sorted(glob.glob(os.path.join(STUDIES, folder, "calibration_measurements.*.jsonl")))
             for i in CAL.load_instances(path)]
-
-
-def noise_of(line: dict, pool: int) -> str:
-    seed = int(line["seed"])
-    return f"pool:{seed % pool}" if line.get("seed_policy") == "shared_noise" else f"seed:{seed}"
 
 
 def band(value: float, bands) -> str:
