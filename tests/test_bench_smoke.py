@@ -108,7 +108,7 @@ def test_farm_benchmark_explains_every_request_by_its_records(tmp_path):
         assert len(recs) == row["requests"] == 8 and {r["worker"] for r in recs} == {0, 1}
         stored = {r["stored_id"] for r in recs if r["stored_id"]}
         for r in recs:
-            assert r["calibrated"], (row["mode"], r)
+            assert r["calibrated"] or r["outcome"] == "exact", (row["mode"], r)  # a repeat asks no gate
             assert (r["outcome"] == "hit") == (not r["why"]) and (not r["why"] or r["why"] in WHY_NOT), r
             assert r["outcome"] != "hit" or r["entry_id"] in stored, r
         assert sum(g["requests"] for g in row["explained"].values()) == 8
