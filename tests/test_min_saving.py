@@ -3,7 +3,7 @@
 Only requests computed in full are reuse sources (cache.lookup), so every hit that saves a
 little takes a source away from the later requests for the same scene. Measured on the tiny
 world's serve workload, 122 of 234 hits resumed another scene while a rewording of their own
-scene had been served before — as a hit, so not a source (docs/results.md).
+scene had been served before — as a hit, so not a source (docs/studies.md).
 """
 import pytest
 import torch

@@ -2,7 +2,7 @@
 
 Only requests computed in full are reuse sources, so a scene whose first request reused
 another scene is no source, and every rewording of it pays that shallow reuse again
-(`serve`: 122 of 234 hits, docs/results.md). With recurring_sources the second request of
+(`serve`: 122 of 234 hits, docs/studies.md). With recurring_sources the second request of
 such a scene finds the first among the served requests (cache_index.served_class), runs in
 full, and the third reuses it as its own scene.
 
