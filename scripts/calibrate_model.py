@@ -78,9 +78,9 @@ def calibrate_one(model_path: str, latent: str, steps: int, cfg: float, pairs: i
     if low_noise_model:  # Wan 2.2 A14B: the pair is calibrated as one model
         pair = dict(low_noise_model=comfy.sd.load_diffusion_model(low_noise_model),
                     switch_step=switch_step, switch_sigma=switch_sigma)
-    shape = (1,) + tuple(int(x) for x in latent.lower().split("x"))
-    served = {"samples": torch.zeros((1,) + tuple(int(x) for x in served_latent.lower().split("x")))} \
-        if served_latent else None
+    def empty(text: str) -> dict:  # "C×T×H×W" → an empty LATENT of batch 1
+        return {"samples": torch.zeros((1,) + tuple(int(x) for x in text.lower().split("x")))}
+    served = empty(served_latent) if served_latent else None
     transferred, text = None, report_text
     if procedure == "cheap":
         from carnator_core.calibration import cheap
@@ -98,7 +98,7 @@ def calibrate_one(model_path: str, latent: str, steps: int, cfg: float, pairs: i
         chosen = prompt_pairs.pairs_from_text(prompts, pairs or 60, seed=seed)
     t0 = time.time()
     print(f"  {model_path}: calibrating ({procedure}) {len(chosen)} pairs …", flush=True)
-    _, report = calibrate_model(model, clip, {"samples": torch.zeros(shape)}, chosen, steps, cfg,
+    _, report = calibrate_model(model, clip, empty(latent), chosen, steps, cfg,
                                 sampler, scheduler, Tolerance(psnr_bound, "frames" if vae else "latent"),
                                 cache, settings, vae=vae, seed=seed, budget_generations=budget_generations,
                                 procedure=procedure, transferred=transferred, served_latent=served, **pair)

@@ -311,8 +311,7 @@ def _planned(ledger: CostLedger, seen: int, listed: int) -> float:
     runs a pair before any), all listed without a budget."""
     if ledger.budget_generations <= 0:
         return float(listed)
-    per_pair = ledger.spent_against_budget / seen if seen else (ledger.served.generations(2.0)
-                                                               if ledger.served else 2.0)
+    per_pair = ledger.spent_against_budget / seen if seen else ledger.in_budget_unit(2.0)
     return min(float(listed), ledger.budget_generations / max(per_pair, 1e-9) + 1)
 
 

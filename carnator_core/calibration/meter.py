@@ -127,10 +127,14 @@ class CostLedger:
     def spent(self) -> float:
         return sum(c.generations for c in self.carried + self.measured)
 
+    def in_budget_unit(self, generations: float) -> float:
+        """Generation-equivalents at the calibrated size in the budget's unit (the served
+        size's generations where given)."""
+        return self.served.generations(generations) if self.served else generations
+
     @property
     def spent_against_budget(self) -> float:
-        """What is spent, in the budget's unit (the served size's generations where given)."""
-        return self.served.generations(self.spent) if self.served else self.spent
+        return self.in_budget_unit(self.spent)
 
     @property
     def exhausted(self) -> bool:
@@ -178,8 +182,7 @@ class CostLedger:
                      + (f", {secs:.0f} s per pair)" if secs is not None else ")"))
             if self.budget_generations > 0:
                 room = max(0.0, self.budget_generations - self.spent_against_budget)
-                per = self.served.generations(cost) if self.served else cost
-                fits = min(left, int(-(-room // per)))  # the pair that crosses it is finished
+                fits = min(left, int(-(-room // self.in_budget_unit(cost))))  # the pair that crosses it is finished
                 if fits == 0:
                     line += "; the budget is spent: no new pair is started"
                 elif fits < left:
