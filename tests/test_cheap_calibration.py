@@ -58,9 +58,10 @@ def test_too_few_labels_certify_nothing_and_the_summary_says_how_many_more():
     assert (f"same-scene evidence: refused at 5% (≈ {need[0.05] * 2.4:.0f} more generation-equivalents), "
             f"10% (≈ {need[0.1] * 2.4:.0f})") in text, text
     assert "too few labels (5 pairs, 0 of 10 beyond tolerance)" in text, text
-    assert "other evidence: refused at 5% (at least 90 pairs like it)" in text, text
+    assert f"other evidence: refused at 5% (at least {cheap.clean_pairs_needed(0.05)} pairs like it)" in text, text
     assert "too few labels (no pair landed here yet)" in text, text
-    _, report = fitted([pair_row(g, (0, 0)) for g in range(10)])  # 7 clean pairs certify α = 50%
+    assert [cheap.clean_pairs_needed(a) for a in (0.5, 0.3)] == [6, 9]
+    _, report = fitted([pair_row(g, (0, 0)) for g in range(7)])  # enough clean pairs for 50%, not 30%
     assert report["certified"]["same_scene"] == ["0.5"]
     assert "same-scene evidence: certified α = 50% (threshold 0.8)" in cheap.report_text(report)
 

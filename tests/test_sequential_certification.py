@@ -55,6 +55,31 @@ def test_a_stream_well_below_alpha_is_certified_within_a_few_hundred_labels():
         assert seq.upper(DELTA) <= 0.05
 
 
+def clean_to_certify(alpha: float, before: tuple[int, ...] = (), **options) -> int:
+    """Observations until risk < α is certified: ``before``, then clean ones."""
+    seq, n = RiskSequence(**options), 0
+    for y in before:
+        seq.observe(y)
+        n += 1
+    while not seq.rejects(alpha, DELTA):
+        seq.observe(0)
+        n += 1
+    return n
+
+
+def test_the_bold_half_of_the_capital_certifies_a_clean_stream_sooner_and_a_failure_costs_little():
+    for alpha in (0.05, 0.1):
+        cautious, split = clean_to_certify(alpha, bold_bet=None), clean_to_certify(alpha)
+        assert split <= 0.7 * cautious, (alpha, split, cautious)
+        # all-in from the start would need log(1/δ)/log(1/(1−α)) clean labels: the split pays
+        # log 2 more for keeping half the capital cautious
+        assert split >= math.log(1 / DELTA) / -math.log(1 - alpha)
+        # a failure once the bets are on: the bold half is all but gone, the cautious half
+        # carries the test on, and the whole is not slower than the cautious bet alone
+        failed = (0,) * 20 + (1,)
+        assert clean_to_certify(alpha, failed) <= clean_to_certify(alpha, failed, bold_bet=None)
+
+
 # ------------------------------------------------------------------ (iii) anytime validity
 def test_the_certificate_ever_claims_risk_below_alpha_in_at_most_delta_of_streams_at_alpha():
     seeds, alpha = 300, 0.05

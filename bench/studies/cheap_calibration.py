@@ -27,7 +27,8 @@ the request's scene where its full computation agrees).
   calibration's own numbers are in-sample for its thresholds (certified on those pairs).
 
 Writes bench/results/cheap_calibration.json (the measurements and calibration in
-bench/results/cheap_calibration/) and rows of bench/results/calibration_cost.json.
+bench/results/cheap_calibration/, each budget's calibration file in its at_<budget>/) and rows
+of bench/results/calibration_cost.json.
 """
 from __future__ import annotations
 
@@ -54,7 +55,7 @@ OUT = os.path.join(RESULTS, "cheap_calibration.json")
 FOLDER = os.path.join(RESULTS, "cheap_calibration")
 FULL = os.path.join(RESULTS, "studies", "lang2_region4_calibration")
 BUNDLED = os.path.join(REPO, "models", "calibration", "0706ef2962b7d36f497afe0f24c29ec0.probe0.05.json")
-BUDGETS = (25, 50, 100, 200, 400)
+BUDGETS = (25, 50, 100, 200, 250, 400)
 ALPHAS = (0.02, 0.05, 0.1, 0.2)  # 0.2: what the smaller budgets certify
 SEED = 9_100_000
 # the calibration workload's pairs other than paraphrases, by kind (scripts/make_workloads.py)
@@ -152,6 +153,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--folder", default=FOLDER, help="where the measurements and the calibration go")
     ap.add_argument("--out", default=OUT)
     ap.add_argument("--model", default=None, help="calibrate this model (default: the bundled tiny world)")
+    ap.add_argument("--easycache", type=float, default=None, metavar="THRESHOLD",
+                    help="calibrate the model with ComfyUI's EasyCache at this threshold (its own fingerprint)")
     ap.add_argument("--size", default=None, metavar="FRAMESxPIXELS",
                     help="at this size (the multi-size model's; bench/studies/proxy_size.py)")
     ap.add_argument("--heldout", nargs="+", default=None, metavar="JSONL",
@@ -167,6 +170,8 @@ def main(argv=None) -> dict:
     from carnator_core.gate import GateSettings
     from carnator_core.pipeline import ReuseSettings
     world = bench.World(a.model or bench.DEFAULT_MODEL, steps=STEPS, cfg=4.0, threads=a.threads, size=a.size)
+    if a.easycache is not None:  # every computation, the full ones included, with EasyCache
+        world = bench.eased(world, a.easycache)
     fp = world.fingerprint
     settings = ReuseSettings(probe_fraction=PROBE, gate=GateSettings(), region_fill_on_m=True, region_margin=1,
                              other_finish_calls=4, other_finish_region=True)
@@ -201,7 +206,8 @@ def main(argv=None) -> dict:
         rows = cheap.measure(pairs, make_run, settings, transferred, cheap.cheap_progress_path(path), STEPS, SEED,
                              judge, meter=world.meter, ledger=CostLedger(budget_generations=budget))
     full = {f"{al:g}": replay(reference, held, al) for al in ALPHAS}
-    out = {"model_fingerprint": fp, "size": world.size, "steps": STEPS,
+    out = {"model_fingerprint": fp, "model": os.path.relpath(a.model, REPO) if a.model else None,
+           "easycache": a.easycache, "size": world.size, "steps": STEPS,
            "heldout_files": [os.path.relpath(p, REPO) for p in a.heldout or []],
            "full_reference": os.path.relpath(a.full, REPO) if a.full else None, "probe_fraction": PROBE, "psnr_bound": PSNR_BOUND,
            "paraphrase_share": a.paraphrase_share, "heldout_pairs": len(held) // 2, "heldout_directions": len(held),
@@ -221,17 +227,21 @@ def main(argv=None) -> dict:
             got["speedup_kept"] = (got["saved_steps"] / full[f"{al:g}"]["saved_steps"]
                                    if full[f"{al:g}"]["saved_steps"] else None)
             checks[f"{al:g}"] = got
-        if budget == top and any(rep["certified"].values()):  # the largest budget's file, as the gate loads it
-            saved = CAL.save(model, a.folder, fp)
-            out["saved"] = os.path.relpath(str(saved), REPO)
+        if any(rep["certified"].values()):  # each budget's file (bench/studies/cheap_served.py serves them)
+            at = os.path.relpath(str(CAL.save(model, os.path.join(a.folder, f"at_{budget:g}"), fp)), REPO)
+            if budget == top:  # the largest budget's file, also where the gate loads it
+                out["saved"] = os.path.relpath(str(CAL.save(model, a.folder, fp)), REPO)
+        else:
+            at = None
         out["budgets"][f"{budget:g}"] = {
-            "cost_generations": round(spent, 2), "pairs": len(part), "measured_reuses": rep["measured_reuses"],
+            "cost_generations": round(spent, 2), "pairs": len(part), "calibration_file": at, "measured_reuses": rep["measured_reuses"],
             "exceeded_tolerance": rep["exceeded_tolerance"], "measuring_seconds": round(seconds, 1),
             "certified": rep["certified"], "thresholds": {k: v for k, v in model.thresholds.items() if ":" not in k},
             "cells": rep["cells"], "heldout": checks,
             "report_text": cheap.report_text({**rep, "model_fingerprint": fp,
                                               "cost": _ledger(part).as_dict(), "seconds": seconds})}
     out["seconds"] = round(time.time() - t_start, 1)
+    out["plots"] = plot(out, os.path.splitext(a.out)[0])
     with open(a.out, "w") as f:
         json.dump(out, f, indent=1)
         f.write("\n")
@@ -240,6 +250,25 @@ def main(argv=None) -> dict:
     _table(out)
     print(f"wrote {os.path.relpath(a.out, REPO)}")
     return out
+
+
+def plot(out: dict, stem: str) -> list[str]:
+    """The curve against the cost in generation-equivalents, per α: the share of the full
+    calibration's saved steps kept on the held-out directions (the full one: 100% at its
+    cost, off the axis), and the share of accepted reuses beyond tolerance."""
+    from calibrate import _load_bench
+    budgets = sorted(out["budgets"].values(), key=lambda b: b["cost_generations"])
+    paths = []
+    for name, field, label in (("", "speedup_kept", "share of the full calibration's saved steps kept"),
+                               ("_false_accepts", "false_accept_rate", "accepted reuses beyond tolerance")):
+        series = [(f"alpha {al}", [(b["cost_generations"], b["heldout"][al][field] or 0.0) for b in budgets])
+                  for al in ("0.05", "0.1", "0.2")]
+        full = out["full_calibration"].get("cost_generations")
+        xlabel = "generation-equivalents" + (f" (full calibration: {full:,.0f})" if full else "")
+        path = f"{stem}{name}.png"
+        _load_bench()._pil_plot(series, xlabel, label, path, legend="top left")
+        paths.append(os.path.relpath(path, REPO))
+    return paths
 
 
 def _ledger(rows: list[dict]) -> CostLedger:
@@ -264,6 +293,11 @@ def _cost_rows(out: dict) -> None:
             "fit.fit_and_certify splits them): each calibration's gate decisions from their measured "
             "depths and finishes, not a workload run; speedup_kept: the share of the full calibration's "
             "saved model steps (probe + fill + finish per hit, the rest in full) kept on those pairs")
+    if out["heldout_files"]:  # another model's (or size's) full calibration, all of its pairs
+        note = (f"a replay on the measured pairs of {', '.join(out['heldout_files'])} (every pair; the full "
+                f"calibration {out['full_reference']} was certified on part of them): each calibration's gate "
+                "decisions from their measured depths and finishes, not a workload run; speedup_kept: the "
+                "share of that full calibration's saved model steps kept on those pairs")
     rows = []
     for al, v in out["full_calibration"]["heldout"].items():
         rows.append({"model": out["model_fingerprint"], "procedure": "full_checker", "workload": "calibration_heldout",
@@ -273,7 +307,7 @@ def _cost_rows(out: dict) -> None:
                      "false_accept_rate": v["false_accept_rate"], "fa_upper95": v["fa_upper95"],
                      "accept_rate": v["accept_rate"], "gate_hit_speedup": v["gate_hit_speedup"],
                      "speedup_kept": 1.0, "note": note + "; the full calibration's thresholds were certified on "
-                                                          "these same pairs (in-sample)"})
+                                                          "(part of) these same pairs (in-sample)"})
     for budget, b in out["budgets"].items():
         for al, v in b["heldout"].items():
             rows.append({"model": out["model_fingerprint"], "procedure": "cheap", "workload": "calibration_heldout",

@@ -63,7 +63,7 @@ from .tolerance import Tolerance
 from .pairs import PARAPHRASE_SHARE, pool, pool_from_text
 from .cheap_report import report_text
 
-# α ≤ 2% needs ~230 clean pairs in one cell with this test (~550 generation-equivalents):
+# α ≤ 2% needs 145 clean pairs in one cell with this test (~500 generation-equivalents):
 # beyond what a cheap calibration spends, so their (shallower, costlier) decisions are not
 # measured; a full calibration certifies them.
 CHEAP_BUDGETS = (0.05, 0.1, 0.2, 0.3, 0.5)

@@ -33,9 +33,15 @@ old one). ``cluster=None``: the label is its own cluster (labels i.i.d.).
 **Bets.** The stake is a predictable plug-in (aGRAPA, WSR §5.3): mean payoff over mean
 squared payoff of the observations so far, with one neutral pseudo-observation (a label
 failing with probability α: no stake before the first observation), clipped so one
-observation never loses more than ``max_bet`` of the capital (1/2: near the Kelly bet for
-rates near α/2, and a failure costs at most half). The alarm's stake uses only the last
-``window`` observations, so it reacts to a change after a long good stretch.
+observation never loses more than a cap of the capital. The certifying capital is split in
+two halves that bet alike but for their cap: ``max_bet`` (1/2: near the Kelly bet for rates
+near α/2, and a failure costs at most half) and ``bold_bet`` (0.95: on a clean stream nearly
+the whole capital, which is where the cells a calibration certifies live). The average of two
+test supermartingales is one, so Ville's bound holds for the sum as for either; a clean
+stream reaches 1/δ in ~2/3 of the observations the cautious half alone needs (α = 5%, δ = 0.1:
+58 clean clusters instead of 90), and an early failure costs the bold half, not the test. The
+alarm bets with ``max_bet`` alone, on the last ``window`` observations only, so it reacts to a
+change after a long good stretch.
 """
 from __future__ import annotations
 
@@ -55,15 +61,15 @@ class _Capital:
     ``alarm`` False: the null is "pooled rate ≥ α" (payoff (α·n − F)/S, certifies risk < α);
     True: "pooled rate ≤ α" (payoff (F − α·n)/S, shows risk > α)."""
 
-    def __init__(self, alphas, alarm: bool, scale: int, max_bet: float, window: int | None):
+    def __init__(self, alphas, alarm: bool, scale: int, max_bets: tuple[float, ...], window: int | None):
         self.alphas = np.atleast_1d(np.asarray(alphas, dtype=float))
         self.sign = -1.0 if alarm else 1.0
         self.scale, self.window = float(scale), window
         # the most a unit stake can lose on one observation: all S labels fail (certifying),
-        # none of S fails (alarm)
+        # none of S fails (alarm); one row per share of the capital, each with its own cap
         worst = (1.0 - self.alphas) if not alarm else self.alphas
-        self.max_stake = max_bet / worst
-        self.log_capital = np.zeros_like(self.alphas)
+        self.max_stake = np.asarray(max_bets, dtype=float)[:, None] / worst[None, :]
+        self.log_capital = np.zeros_like(self.max_stake)
         self.peak = np.zeros_like(self.alphas)  # the running maximum: "ever reached 1/δ"
         self.seen = 0
 
@@ -83,11 +89,14 @@ class _Capital:
         m, n, f, nn, fn, ff = m + 1, n + 1, f + a, nn + 1, fn + a, ff + a
         mean = self.sign * (a * n - f) / s / m
         square = (a * a * nn - 2 * a * fn + ff) / (s * s) / m
-        stake = np.clip(mean / np.maximum(square, 1e-12), 0.0, self.max_stake[None, :])
+        kelly = mean / np.maximum(square, 1e-12)
+        stake = np.clip(kelly[None], 0.0, self.max_stake[:, None, :])  # (shares, observations, α)
         payoff = self.sign * (a * counts[t, None] - fails[t, None]) / s
-        path = self.log_capital + np.cumsum(np.log1p(stake * payoff), 0)
-        self.peak = np.maximum(self.peak, path.max(0))
-        self.log_capital, self.seen = path[-1], total
+        path = self.log_capital[:, None, :] + np.cumsum(np.log1p(stake * payoff[None]), 1)
+        # the capital is the shares' average (each share starts at 1 / shares)
+        whole = np.logaddexp.reduce(path, axis=0) - math.log(len(path))
+        self.peak = np.maximum(self.peak, whole.max(0))
+        self.log_capital, self.seen = path[:, -1, :], total
 
 
 class RiskSequence:
@@ -101,9 +110,11 @@ class RiskSequence:
     """
 
     def __init__(self, max_cluster: int = 1, horizon: int = 20, max_bet: float = 0.5,
-                 window: int = 100):
+                 window: int = 100, bold_bet: float | None = 0.95):
         self.max_cluster, self.horizon = max(1, int(max_cluster)), horizon
         self.max_bet, self.window = max_bet, window
+        # bold_bet None: the cautious bet alone
+        self.certify_bets = (max_bet,) if bold_bet is None else (max_bet, bold_bet)
         self.fails: list[float] = []   # per closed cluster, in closing order
         self.counts: list[int] = []
         self.labels = 0                # labels observed (counted or not)
@@ -152,7 +163,8 @@ class RiskSequence:
     def _peak(self, alphas, alarm: bool) -> np.ndarray:
         key = (tuple(np.atleast_1d(alphas).tolist()), alarm)
         if key not in self._capital:
-            self._capital[key] = _Capital(alphas, alarm, self.max_cluster, self.max_bet,
+            bets = (self.max_bet,) if alarm else self.certify_bets
+            self._capital[key] = _Capital(alphas, alarm, self.max_cluster, bets,
                                           self.window if alarm else None)
         cap = self._capital[key]
         cap.advance(np.asarray(self.fails, float), np.asarray(self.counts, float))
