@@ -71,7 +71,7 @@ def ratio(a, b):
 
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--budgets", type=float, nargs="+", default=[200, 400],
+    ap.add_argument("--budgets", type=float, nargs="+", default=[200, 250],
                     help="the cheap calibration's budgets whose files are served")
     ap.add_argument("--workloads", nargs="+", default=list(WORKLOADS))
     ap.add_argument("--limit", type=int, default=None, help="first N requests of each workload")
@@ -89,10 +89,10 @@ def main(argv=None) -> dict:
             print(f"budget {budget:g}: nothing certified, nothing to serve")
             continue
         folder = os.path.join(a.folder, f"at_{budget:g}")
-        os.makedirs(folder, exist_ok=True)
         for wl in a.workloads:
             out = os.path.join(folder, f"{wl}.json")
             if not os.path.exists(out) and not a.merge_only:
+                os.makedirs(folder, exist_ok=True)
                 jobs.append(run_command(wl, os.path.join(REPO, b["calibration_file"]), out, a.limit))
     with ThreadPoolExecutor(max(1, a.jobs)) as pool:
         for cmd, done in zip(jobs, pool.map(lambda c: subprocess.run(c, cwd=REPO).returncode, jobs)):
