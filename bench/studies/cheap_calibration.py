@@ -244,7 +244,8 @@ def main(argv=None) -> dict:
         else:
             at = None
         out["budgets"][f"{budget:g}"] = {
-            "cost_generations": round(spent, 2), "pairs": len(part), "calibration_file": at, "measured_reuses": rep["measured_reuses"],
+            "cost_generations": round(spent, 2), "pairs": len(part), "calibration_file": at,
+            "measured_reuses": rep["measured_reuses"],
             "exceeded_tolerance": rep["exceeded_tolerance"], "measuring_seconds": round(seconds, 1),
             "certified": rep["certified"], "thresholds": {k: v for k, v in model.thresholds.items() if ":" not in k},
             "cells": rep["cells"], "heldout": checks,

@@ -17,8 +17,8 @@ is not run. The full calibration's run of each workload is bench/results/tinywor
 bundled calibration, the same settings and requests).
 
 Per workload and α: hit rate, false accepts among hits with the one-sided 95% Clopper–Pearson
-bound, gate-hit steps speedup and its share of the full calibration's (``speedup_kept``, the
-issue's measure), and the whole workload's steps speedup beside it (``workload_kept``): a
+bound, gate-hit steps speedup and its share of the full calibration's (``speedup_kept``), and
+the whole workload's saved steps as a share of the full calibration's (``workload_kept``): a
 cheap calibration that certifies only same-scene reuse keeps those hits as fast as the full
 one (4.0×) but reuses far less often, and that shows in the whole workload, not in its hits.
 
