@@ -54,7 +54,7 @@ if os.path.join(REPO, "scripts") not in sys.path:
 
 from carnator_core.calibration import cheap  # noqa: E402
 from carnator_core.calibration import fit as CAL  # noqa: E402
-from carnator_core.calibration.meter import CostLedger, PairCost, pair_cost  # noqa: E402
+from carnator_core.calibration.meter import CostLedger, PairCost  # noqa: E402
 from carnator_core.calibration.risk_control import clopper_pearson_upper  # noqa: E402
 
 RESULTS = os.path.join(REPO, "bench", "results")
@@ -223,7 +223,7 @@ def main(argv=None) -> dict:
            "paraphrase_share": a.paraphrase_share, "heldout_pairs": len(held) // 2, "heldout_directions": len(held),
            "transferred": {"ladder": ladder.points, "source": transferred.source,
                            "bundled_thresholds": {k: v for k, v in bundled.thresholds.items() if ":" not in k}},
-           "full_calibration": {**_full_cost(fp, held if a.heldout_is_full else None), "heldout": full},
+           "full_calibration": {**_full_cost(fp, a.heldout if a.heldout_is_full else None), "heldout": full},
            "budgets": {}}
     for budget in sorted(a.budgets):
         part = prefix(rows, budget)
@@ -288,21 +288,16 @@ def _ledger(rows: list[dict]) -> CostLedger:
     return ledger
 
 
-def _full_cost(fingerprint: str, measured: list[dict] | None = None) -> dict:
+def _full_cost(fingerprint: str, measurements: list[str] | None = None) -> dict:
     """The bundled full calibration's cost row (bench/studies/calibration_cost.py), for the
-    bundled model; for another, its full calibration's ``measured`` pairs (--heldout-is-full)
-    by the meter's rule."""
-    from calibration_cost import bundled_cost
+    bundled model; for another, its full calibration's ``measurements`` files
+    (--heldout-is-full), costed as calibration_cost.py costs the bundled ones."""
+    from calibration_cost import _pairs_of_measurements, bundled_cost, cost_row
     if not os.path.basename(BUNDLED).startswith(fingerprint):
-        if not measured:
+        if not measurements:
             return {"cost_generations": None}
-        pairs: dict[tuple, list[dict]] = {}
-        for inst in measured:
-            pairs.setdefault((inst.get("workload"), str(inst["group"])), []).append(inst)
-        cost = sum(pair_cost(insts, STEPS) for insts in pairs.values())
-        return {"cost_generations": round(cost, 1), "pairs": len(pairs),
-                "measured_reuses": sum(len(i["depths"]) for i in measured),
-                "generations_per_pair": round(cost / max(1, len(pairs)), 2),
+        row = cost_row(_pairs_of_measurements(measurements), STEPS, note="", source=[], procedure="full_checker")
+        return {**{k: row[k] for k in ("cost_generations", "pairs", "measured_reuses", "generations_per_pair")},
                 "workload": "the --heldout files, by the meter's rule"}
     row = bundled_cost(fingerprint, STEPS)
     return {k: row[k] for k in ("cost_generations", "pairs", "measured_reuses", "generations_per_pair", "workload")}

@@ -28,6 +28,7 @@ with procedure "cheap" and the workload's name.
 from __future__ import annotations
 
 import argparse
+import glob
 import json
 import os
 import subprocess
@@ -35,7 +36,7 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 
 from study_paths import REPO  # noqa: E402 - the repository, tests/ and bench/ on the path
-from proxy_size import served_rows  # noqa: E402 - per α, from bench/tinyworld.py's sweep
+from proxy_size import served_rows  # noqa: E402 - per workload and α, from bench/tinyworld.py's sweeps
 
 RESULTS = os.path.join(REPO, "bench", "results")
 CHEAP = os.path.join(RESULTS, "cheap_calibration.json")
@@ -51,18 +52,6 @@ def run_command(workload: str, risk_model: str, out: str, limit: int | None) -> 
            "--probe-fraction", "0.05", "--budgets", *[f"{a:g}" for a in ALPHAS], "--no-sparse-system",
            "--no-text-baseline", "--no-plots", "--threads", "1", "--risk-model", risk_model, "--out", out]
     return cmd + (["--limit", str(limit)] if limit else [])
-
-
-def full_rows() -> dict:
-    """The full calibration's run of each workload, per α, in served_rows' form."""
-    data = json.load(open(FULL))
-    out = {}
-    for name, sweep in data["sweeps"].items():
-        out[name] = {f"{m['risk_budget']:g}": {"hit_rate": m["hit_rate"], "false_accept_rate": m["false_accept_rate"],
-                                                "gate_hit_steps_speedup": m.get("steps_speedup_hits"),
-                                                "workload_steps_speedup": m.get("compute_speedup_workload")}
-                     for m in sweep["carnator"]}
-    return out
 
 
 def ratio(a, b):
@@ -98,7 +87,7 @@ def main(argv=None) -> dict:
         for cmd, done in zip(jobs, pool.map(lambda c: subprocess.run(c, cwd=REPO).returncode, jobs)):
             if done:
                 raise SystemExit(f"failed ({done}): {' '.join(cmd)}")
-    full = full_rows()
+    full = {wl: w["by_alpha"] for wl, w in served_rows([FULL]).items()}  # the full calibration's runs
     result = {"what": __doc__.splitlines()[0], "full_reference": os.path.relpath(FULL, REPO),
               "full_calibration_cost": cheap["full_calibration"].get("cost_generations"),
               "model_fingerprint": cheap["model_fingerprint"], "steps": cheap["steps"],
@@ -109,7 +98,7 @@ def main(argv=None) -> dict:
         if not os.path.isdir(folder):
             continue
         b = cheap["budgets"][f"{budget:g}"]
-        served = served_rows(folder)
+        served = served_rows(sorted(glob.glob(os.path.join(folder, "*.json"))))
         for wl, w in served.items():
             for al, v in w["by_alpha"].items():
                 ref = full.get(wl, {}).get(al, {})

@@ -210,10 +210,10 @@ def cheap_at_small_size(ratio: float) -> dict | None:
     return out
 
 
-def served_rows(folder: str) -> dict:
-    """Each workload served at the large size: per α, from bench/tinyworld.py's sweep."""
+def served_rows(paths: list[str]) -> dict:
+    """Each workload of these bench/tinyworld.py runs: per α, from its sweep."""
     out = {}
-    for path in sorted(glob.glob(os.path.join(folder, "*.json"))):
+    for path in paths:
         data = json.load(open(path))
         for name, sweep in data["sweeps"].items():
             rows = {}
@@ -277,7 +277,7 @@ def main(argv=None) -> dict:
                  "rule": "token rows: generation-equivalents at the calibrated size × its tokens / the served size's"},
         "certified": {c: dict(t) for c, t in model.thresholds.items() if ":" not in c},
         "calibration_heldout_at_calibrated_size": report["heldout"],
-        "served": served_rows(SERVED_RUNS),
+        "served": served_rows(sorted(glob.glob(os.path.join(SERVED_RUNS, "*.json")))),
         "fresh_pairs_at_both_sizes": label_transfer(small_fresh, served),
         "served_pairs_replay": full,
         "curve": curve(small, served, ratio, full),
