@@ -71,6 +71,11 @@ def main(argv=None) -> dict:
     ap.add_argument("--no-cost-rows", action="store_true", help="leave bench/results/calibration_cost.json alone")
     a = ap.parse_args(argv)
     cheap = json.load(open(CHEAP))
+    missing = [f"{b:g}" for b in a.budgets if f"{b:g}" not in cheap["budgets"]]
+    if missing:
+        raise SystemExit(f"no cheap calibration at budget(s) {', '.join(missing)} in {os.path.relpath(CHEAP, REPO)} "
+                         f"(it has {', '.join(cheap['budgets'])}): run bench/studies/cheap_calibration.py "
+                         f"--budgets … with them first")
     jobs = []
     for budget in a.budgets:
         b = cheap["budgets"][f"{budget:g}"]
