@@ -218,19 +218,19 @@ def test_cheap_calibration_benchmark_parses_its_arguments():
 
 def test_cheap_served_runs_a_workload_on_a_budgets_calibration_and_compares_it_with_the_full(tmp_path):
     """bench/studies/cheap_served.py serves a workload with the file the cheap calibration
-    certified at 200 generation-equivalents: at α = 5%, where that file certifies nothing, the
+    certified at 100 generation-equivalents: at α = 5%, where that file certifies nothing, the
     gate reuses nothing (the refusal engaged, not a miss for want of candidates); each row
     carries the full calibration's gate-hit speedup it is measured against."""
     cheap = json.loads((REPO / "bench" / "results" / "cheap_calibration.json").read_text())
-    assert cheap["budgets"]["200"]["certified"]["same_scene"][0] == "0.1"  # not 5%: what is asserted below
+    assert cheap["budgets"]["100"]["certified"]["same_scene"][0] == "0.1"  # not 5%: what is asserted below
     target, folder = tmp_path / "served.json", tmp_path / "runs"
-    run(["bench/studies/cheap_served.py", "--budgets", "200", "--workloads", "serve", "--limit", "8",
+    run(["bench/studies/cheap_served.py", "--budgets", "100", "--workloads", "serve", "--limit", "8",
          "--folder", str(folder), "--out", str(target), "--no-cost-rows"])
-    run_file = json.loads((folder / "at_200" / "serve.json").read_text())
+    run_file = json.loads((folder / "at_100" / "serve.json").read_text())
     assert "cheap calibration" in run_file["settings"]["risk_model"]
     at5 = next(m for m in run_file["sweeps"]["serve"]["carnator"] if m["risk_budget"] == 0.05)
     assert at5["gate_hit_rate"] == 0.0 and at5["not_reused"].get("not_certified", 0) > 0
-    rows = json.loads(target.read_text())["budgets"]["200"]["served"]["serve"]["by_alpha"]
+    rows = json.loads(target.read_text())["budgets"]["100"]["served"]["serve"]["by_alpha"]
     assert set(rows) == {"0.05", "0.1"} and rows["0.1"]["full_gate_hit_speedup"] > 1.0
     assert all(r["requests"] == 8 for r in rows.values())
 

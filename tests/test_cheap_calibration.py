@@ -80,6 +80,25 @@ def test_a_synthetic_pool_certifies_the_budgets_its_failure_rate_allows():
     assert "at this rate more pairs will not certify it" in report["cells"]["same_scene"]["budgets"]["0.1"]["why"]
 
 
+def test_the_pool_opens_with_the_paraphrases_that_certify_the_strictest_budget_and_keeps_its_prefix():
+    """A budget spends itself on same-scene evidence first: the pool opens with as many
+    paraphrases as certify α = 5% when none fails, so that many clean pairs (at ~2.4
+    generation-equivalents each) certify it; a longer pool continues the same sequence."""
+    lead = cheap.paraphrase_lead()
+    assert lead == cheap.clean_pairs_needed(min(BUDGETS))
+    long, short = cheap.pool(prompt_pairs.BUILTIN_PROMPTS, lead + 60, seed=5), cheap.pool(
+        prompt_pairs.BUILTIN_PROMPTS, lead + 3, seed=5)
+    assert long[:lead + 3] == short
+    assert all(p["kind"] == "paraphrase" for p in long[:lead])
+    assert any(p["kind"] != "paraphrase" for p in long[lead:])  # then the edits' cells get pairs
+    unled = cheap.pool(prompt_pairs.BUILTIN_PROMPTS, lead, seed=5, lead=0)
+    assert any(p["kind"] != "paraphrase" for p in unled)
+    _, report = fitted([pair_row(g, (0, 0)) for g in range(lead)])
+    assert report["certified"]["same_scene"][0] == "0.05"
+    _, report = fitted([pair_row(g, (0, 0)) for g in range(lead - 1)])
+    assert "0.05" not in report["certified"]["same_scene"]
+
+
 def test_at_a_true_rate_of_alpha_it_certifies_alpha_in_at_most_delta_of_draws():
     rng, certified = random.Random(11), 0
     for _ in range(300):  # pairs of two labels failing at 10%, read after every pair (anytime)
@@ -152,6 +171,8 @@ def test_the_budget_stops_it_and_a_larger_one_resumes_without_measuring_again(wa
             assert {(d["k"], d.get("finish_calls", 0)) for d in inst["depths"]} == decided
     assert any(inst["depths"] for row in rows for inst in row["instances"])
     assert "stopped by the budget of 6 generation-equivalents" in cheap.report_text(first)
+    assert first["paraphrase_lead"] == first["pairs"]  # the pool opens with paraphrases
+    assert f"the first {first['pairs']} pairs were paraphrases" in cheap.report_text(first)
 
     meter = ComputeMeter()  # counts what the second run computes, apart from it
     detach = attach_meter(wan21, meter)
@@ -165,3 +186,7 @@ def test_the_budget_stops_it_and_a_larger_one_resumes_without_measuring_again(wa
     assert cost["carried_generations"] == pytest.approx(first["cost_generations"], abs=1e-2)
     unit = STEPS * 3 * 4 * 4 * 2  # a generation's token rows: steps × tokens × cond/uncond
     assert cost["this_run_generations"] == pytest.approx(meter.rows / unit, abs=1e-2)
+    # the pool drew the same prompts twice; each ran with its own seed and was measured apart
+    assert len({(p["a"], p["b"]) for p in pairs}) < len(pairs)
+    progress = cheap.cheap_progress_path(calibration_file(folder, model_fingerprint(wan21), ranking.probe_fraction))
+    assert len({json.loads(x)["pair_id"] for x in progress.read_text().splitlines()}) == len(pairs)

@@ -2,8 +2,8 @@
 percent, and what the gate is allowed over 2,000+ requests served through the real pipeline.
 
     S=bench/results/studies
-    nice .venv/bin/python bench/studies/online_stream.py --alphas 0.05 --start-budget 400 --out $S/online_stream_a5.json &
-    nice .venv/bin/python bench/studies/online_stream.py --alphas 0.1 --start-budget 200 --out $S/online_stream_a10.json
+    nice .venv/bin/python bench/studies/online_stream.py --alphas 0.05 --start-budget 173 --out $S/online_stream_a5.json &
+    nice .venv/bin/python bench/studies/online_stream.py --alphas 0.1 --start-budget 70 --out $S/online_stream_a10.json
     # the baseline: the same stream under the bundled full calibration, no audits
     nice .venv/bin/python bench/studies/online_stream.py --start full --audit-rate 0 --explore-rate 0 \
         --alphas 0.05 --out $S/online_stream_full_a5.json &   # and --alphas 0.1 … full_a10.json
@@ -17,8 +17,10 @@ The stream: the tiny world's own workloads interleaved line by line, each file's
 (every scene worded anew from held-out sentence families and ignored words) and ``drift``
 (edit kinds no calibration pair has), 1,174 requests.
 
-The gate starts from the cheapest certified calibration: the cheap procedure's pairs
-(bench/results/cheap_calibration/) cut to --start-budget generation-equivalents and certified
+The gate starts from the cheapest certified calibration: the cheap procedure's committed pairs
+(bench/results/cheap_calibration/; --pool mixed: those drawn without the paraphrase lead,
+bench/results/studies/cheap_mixed_pool/) cut to --start-budget generation-equivalents (173 and
+70 are the least that certify α = 5% and 10% there) and certified
 as the cheap procedure does, with the transferred ranking's points kept as each cell's ladder
 (so a cell certified at no budget may be certified online). Requests run through
 ``run_request`` at α with ``audit_rate`` and ``explore_rate`` (each audited or explored request
@@ -49,6 +51,8 @@ from carnator_core.calibration.risk_control import clopper_pearson_upper  # noqa
 
 RESULTS = os.path.join(REPO, "bench", "results")
 OUT = os.path.join(RESULTS, "online_stream.json")
+# a cheap pool without the paraphrase lead (bench/studies/cheap_calibration.py --lead 0, to 400)
+MIXED_POOL = os.path.join(RESULTS, "studies", "cheap_mixed_pool")
 CALM = ("serve", "serve_reworded", "iterate", "iterate_replicate")
 DRIFT = ("serve_fresh", "iterate_fresh", "drift")
 STEPS, PROBE, PSNR_BOUND = 20, 0.05, 30.0
@@ -65,8 +69,8 @@ def interleave(names: tuple[str, ...], load) -> list[dict]:
     return out
 
 
-def start_calibration(budget: float, folder: str, fingerprint: str):
-    """The cheap procedure's committed pairs cut to ``budget``, certified as it certifies them
+def start_calibration(budget: float, folder: str, fingerprint: str, pool: str):
+    """The cheap procedure's committed pairs in ``pool`` (a cheap_calibration.py folder) cut to ``budget``, certified as it certifies them
     (with its ladders), saved where the gate looks in ``folder``. Returns (model, report), the
     report with what the pairs cost."""
     import cheap_calibration as CC
@@ -77,7 +81,7 @@ def start_calibration(budget: float, folder: str, fingerprint: str):
     from carnator_core.pipeline import ReuseSettings
     settings = ReuseSettings(probe_fraction=PROBE, gate=GateSettings(), region_fill_on_m=True, region_margin=1,
                              other_finish_calls=4, other_finish_region=True)
-    progress = cheap.cheap_progress_path(CAL.calibration_path(CC.FOLDER, fingerprint, PROBE))
+    progress = cheap.cheap_progress_path(CAL.calibration_path(pool, fingerprint, PROBE))
     rows = CC.prefix(list(_progress_rows(progress).values()), budget)
     _, transferred = CC.transferred_model(CC.full_calibration()[0])
     model, report = cheap.fit_rows(rows, transferred, settings, STEPS,
@@ -174,6 +178,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--explore-rate", type=float, default=0.05)
     ap.add_argument("--start-budget", type=float, default=200.0,
                     help="generation-equivalents of the cheap calibration the gate starts from")
+    ap.add_argument("--pool", choices=("lead", "mixed"), default="lead",
+                    help="the cheap pairs it starts from: the committed pool (lead) or the one without the lead")
     ap.add_argument("--start", choices=("cheap", "full"), default="cheap",
                     help="full: the bundled (full) calibration instead, the baseline the cheap one is compared with "
                          "(run it with --audit-rate 0 --explore-rate 0)")
@@ -211,8 +217,11 @@ def main(argv=None) -> dict:
             if a.start == "full":
                 model, start = bundled_calibration(bench, folder, world.fingerprint)
             else:
-                model, report = start_calibration(a.start_budget, folder, world.fingerprint)
+                import cheap_calibration as CC
+                pool = CC.FOLDER if a.pool == "lead" else MIXED_POOL
+                model, report = start_calibration(a.start_budget, folder, world.fingerprint, pool)
                 start = {"procedure": "cheap", "budget_generations": a.start_budget,
+                         "pool": os.path.relpath(pool, REPO),
                          "cost_generations": report["cost_generations"], "pairs": report["pairs"],
                          "certified": report["certified"], "ladders": model.ladders,
                          "thresholds": {k: v for k, v in model.thresholds.items() if ":" not in k}}

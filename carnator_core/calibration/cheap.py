@@ -55,12 +55,13 @@ import torch
 from ..gate import (EVIDENCE_CLASSES, RiskModel, class_of_option, option_key)
 from ..pipeline import ReuseSettings
 from . import fit as CAL
-from .generic import (FullRun, _progress_rows, _say, append_progress, compute_pair, direction_evidence,
+from .generic import (FullRun, _progress_rows, _say, append_progress, compute_pair, direction_evidence, distinct_ids,
                       measure_reuse, metered_cost, pair_id, progress_path, psnr_outcome, reuse_depths)
 from .meter import ComputeMeter, CostLedger, PairCost, ServedSize
 from .sequential import RiskSequence
 from .tolerance import Tolerance
-from .pairs import PARAPHRASE_SHARE, pool, pool_from_text
+from . import pairs as PAIRS
+from .pairs import PARAPHRASE_SHARE
 from .cheap_report import report_text
 
 # α ≤ 2% needs 145 clean pairs in one cell with this test (~500 generation-equivalents):
@@ -249,7 +250,7 @@ def measure(pairs: list[dict], make_run: Callable[[str, int], object], settings:
     ledger.pairs_planned = len(pairs)
     done = _progress_rows(progress_file)
     Path(progress_file).parent.mkdir(parents=True, exist_ok=True)
-    pids = [pair_key(pair, seed, steps, settings, ladder) for pair in pairs]
+    pids = distinct_ids([pair_key(pair, seed, steps, settings, ladder) for pair in pairs], pairs)
     ledger.carry(done, pids, steps)
     rows: list[dict] = []
     landed: dict[str, int] = {}  # pairs so far with a direction in each cell (evidence only)
@@ -281,6 +282,30 @@ def clean_pairs_needed(alpha: float, delta: float = DELTA, max_cluster: int = CL
         seq.add(0, max_cluster)
         n += 1
     return n
+
+
+def paraphrase_lead(budgets=CHEAP_BUDGETS, delta: float = DELTA) -> int:
+    """Paraphrase pairs a cheap pool opens with: as many as certify same-scene evidence at the
+    strictest budget offered if none fails. Same-scene reuse is the deepest and cheapest to
+    label, so a small budget spent on it first certifies the strict budget people ask for
+    (α = 5%: 58 pairs, ~140 generation-equivalents on the tiny world) instead of looser budgets
+    for every cell; the mixed pairs after it certify the edits' cells as the budget grows. The
+    block is fixed by its index before any pair is measured, so the tests stay valid; what the
+    same-scene certificate covers is its pairs: paraphrases first, then edits whose evidence
+    reads same-scene (on the tiny world 8 of 320 edit directions did, none beyond tolerance)."""
+    return clean_pairs_needed(min(float(a) for a in budgets), delta)
+
+
+def pool(base_prompts, n: int, seed: int = 0, paraphrase_share: float = PARAPHRASE_SHARE,
+         lead: int | None = None) -> list[dict]:
+    """``pairs.pool`` opening with ``paraphrase_lead()`` paraphrases (``lead`` given: that many)."""
+    return PAIRS.pool(base_prompts, n, paraphrase_share, seed, paraphrase_lead() if lead is None else lead)
+
+
+def pool_from_text(text: str, n: int, seed: int = 0, paraphrase_share: float = PARAPHRASE_SHARE,
+                   lead: int | None = None) -> list[dict]:
+    """``pairs.pool_from_text`` opening with ``paraphrase_lead()`` paraphrases."""
+    return PAIRS.pool_from_text(text, n, paraphrase_share, seed, paraphrase_lead() if lead is None else lead)
 
 
 def within_reach(ladder: Ladder, landed: dict[str, int], seen: int, planned: float,
@@ -503,7 +528,9 @@ def calibrate(make_run: Callable[[str, int], object], pairs: list[dict], setting
     rows = measure(pairs, make_run, settings, transferred, cheap_progress_path(path), steps, seed, judge,
                    budgets, meter=meter, ledger=ledger, log=log, on_pair=on_pair, delta=delta)
     model, report = fit_rows(rows, transferred, settings, steps, budgets, delta, tolerance.as_dict())
+    lead = next((i for i, p in enumerate(pairs) if p.get("kind") != "paraphrase"), len(pairs))
     report.update(model_fingerprint=fingerprint, steps=steps, probe_fraction=settings.probe_fraction,
+                  paraphrase_lead=min(lead, len(rows)),
                   region_fill_on_m=model.region_fill_on_m, region_margin=model.region_margin,
                   latents=model.measured_latents, cost=ledger.as_dict(), cost_generations=round(ledger.spent, 3),
                   seconds=round(time.perf_counter() - t0, 1), source=model.source)

@@ -14,6 +14,9 @@ def report_text(report: dict) -> str:
              f"{report['exceeded_tolerance']} beyond tolerance (PSNR on {tol.get('space')} < "
              f"{tol.get('psnr_bound')} dB); ranking transferred, thresholds certified per cell at "
              f"{1 - report['delta']:.0%} confidence, each pair one cluster"]
+    if report.get("paraphrase_lead"):
+        lines.append(f"the first {_n(report['paraphrase_lead'], 'pair')} were paraphrases: same-scene evidence "
+                     "is certified first, the edits' cells get the pairs after them")
     for cell, rep in report["cells"].items():
         lines += _cell_lines(share_bin_text(cell, bounds), rep, report["certified"].get(cell) or [])
     if not any(report["certified"].values()):

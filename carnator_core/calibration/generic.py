@@ -189,6 +189,18 @@ def pair_id(pair: dict, seed: int, steps: int, finish_calls: int = 0, other_fini
     return hashlib.sha256(json.dumps(key).encode()).hexdigest()[:16]
 
 
+def distinct_ids(pids: list[str], pairs: list[dict]) -> list[str]:
+    """The same prompts drawn twice are two measurements (each pair runs with its own seed,
+    seed + group): a repeat's id carries its group, or it would reuse the first one's labels as
+    if a second, independent pair had given them. The first keeps the plain id."""
+    seen: set[str] = set()
+    out = []
+    for pid, pair in zip(pids, pairs):
+        out.append(pid if pid not in seen else f"{pid}-{pair['group']}")
+        seen.add(out[-1])
+    return out
+
+
 def progress_path(calibration_file: str | Path) -> Path:
     """Where the measured pairs of a calibration live while (and after) it runs."""
     p = Path(calibration_file)
@@ -242,9 +254,9 @@ def measure(pairs: list[dict], make_run: Callable[[str, int], object], settings:
     snaps = settings.snapshot_steps(steps)
     instances: list[dict] = []
     Path(progress_file).parent.mkdir(parents=True, exist_ok=True)
-    pids = [pair_id(pair, seed, steps, settings.same_scene_finish_calls, settings.other_finish_calls,
-                    settings.other_finish_region, settings.region_fill_on_m, settings.region_margin)
-            for pair in pairs]
+    pids = distinct_ids([pair_id(pair, seed, steps, settings.same_scene_finish_calls, settings.other_finish_calls,
+                                 settings.other_finish_region, settings.region_fill_on_m, settings.region_margin)
+                         for pair in pairs], pairs)
     ledger.carry(done, pids, steps)
     for i, (pair, pid) in enumerate(zip(pairs, pids)):
         if pid not in done:

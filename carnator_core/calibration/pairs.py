@@ -198,18 +198,21 @@ def pairs_from_text(text: str, n: int, seed: int = 0) -> list[dict]:
 
 # ------------------------------------------------------------------ pools for the cheap calibration
 # Paraphrases give same-scene evidence, whose decisions are deep (cheap to label) and rarely
-# fail: the cell a small budget can certify. Measured on the tiny world: ~50 clean pairs
-# certify α = 10% there, so at 70% paraphrases a budget of ~200 generation-equivalents does.
+# fail: the cell a small budget can certify (on the tiny world a clean pair costs ~2.4
+# generation-equivalents). After the lead block (``cheap.paraphrase_lead``) most pairs stay
+# paraphrases, as most requests people send again are.
 PARAPHRASE_SHARE = 0.7
 
 EDIT_KINDS = tuple(k for k in KINDS if k != "paraphrase") + MULTI_STEP
 
 
-def pool(base_prompts, n: int, paraphrase_share: float = PARAPHRASE_SHARE, seed: int = 0) -> list[dict]:
-    """``n`` pairs from ``pairs.edit``'s operators, each drawn alike and independently: a
-    paraphrase with probability ``paraphrase_share`` (same-scene evidence, the cheapest cell to
-    certify), else one edit kind (single, chain or session) uniformly. The first m pairs are
-    the same for any n ≥ m, so a larger budget continues the same sequence."""
+def pool(base_prompts, n: int, paraphrase_share: float = PARAPHRASE_SHARE, seed: int = 0,
+         lead: int = 0) -> list[dict]:
+    """``n`` pairs from ``pairs.edit``'s operators, each drawn independently: the first ``lead``
+    paraphrases, then each a paraphrase with probability ``paraphrase_share`` (same-scene
+    evidence, the cheapest cell to certify), else one edit kind (single, chain or session)
+    uniformly. The first m pairs are the same for any n ≥ m, so a larger budget continues the
+    same sequence."""
     base = [p.strip() for p in base_prompts if p and p.strip()]
     if not base:
         raise ValueError("no base prompts to derive calibration pairs from")
@@ -218,7 +221,7 @@ def pool(base_prompts, n: int, paraphrase_share: float = PARAPHRASE_SHARE, seed:
         tries += 1
         if tries > 50 * n + 100:
             raise ValueError(f"only {len(out)} of {n} pairs could be derived from {len(base)} base prompts")
-        kind = "paraphrase" if rng.random() < paraphrase_share else rng.choice(EDIT_KINDS)
+        kind = "paraphrase" if len(out) < lead or rng.random() < paraphrase_share else rng.choice(EDIT_KINDS)
         a = base[rng.randrange(len(base))]
         if kind == "remove_object" and " and " not in a and "; " not in a:
             a = edit(a, "add_object", rng) or a
@@ -228,9 +231,10 @@ def pool(base_prompts, n: int, paraphrase_share: float = PARAPHRASE_SHARE, seed:
     return out
 
 
-def pool_from_text(text: str, n: int, paraphrase_share: float = PARAPHRASE_SHARE, seed: int = 0) -> list[dict]:
+def pool_from_text(text: str, n: int, paraphrase_share: float = PARAPHRASE_SHARE, seed: int = 0,
+                   lead: int = 0) -> list[dict]:
     """``pool`` from a user's prompt list (one per line; ``A || B`` lines are ignored here: a
-    cheap calibration draws its pairs itself, alike and independent). Empty: the built-in list."""
+    cheap calibration draws its pairs itself, independently). Empty: the built-in list."""
     lines = [ln.strip() for ln in (text or "").splitlines()
              if ln.strip() and not ln.startswith("#") and "||" not in ln]
-    return pool(lines or BUILTIN_PROMPTS, n, paraphrase_share, seed)
+    return pool(lines or BUILTIN_PROMPTS, n, paraphrase_share, seed, lead)
