@@ -70,9 +70,9 @@ def interleave(names: tuple[str, ...], load) -> list[dict]:
 
 
 def start_calibration(budget: float, folder: str, fingerprint: str, pool: str):
-    """The cheap procedure's committed pairs in ``pool`` (a cheap_calibration.py folder) cut to ``budget``, certified as it certifies them
-    (with its ladders), saved where the gate looks in ``folder``. Returns (model, report), the
-    report with what the pairs cost."""
+    """The cheap procedure's committed pairs in ``pool`` (a cheap_calibration.py folder) cut to
+    ``budget``, certified as it certifies them (with its ladders), saved where the gate looks in
+    ``folder``. Returns (model, report), the report with what the pairs cost."""
     import cheap_calibration as CC
     from carnator_core.calibration import cheap
     from carnator_core.calibration import fit as CAL

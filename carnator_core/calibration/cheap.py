@@ -296,13 +296,14 @@ def paraphrase_lead(budgets=CHEAP_BUDGETS, delta: float = DELTA) -> int:
     return clean_pairs_needed(min(float(a) for a in budgets), delta)
 
 
-def pool(base_prompts, n: int, seed: int = 0, paraphrase_share: float = PARAPHRASE_SHARE,
+def pool(base_prompts, n: int, paraphrase_share: float = PARAPHRASE_SHARE, seed: int = 0,
          lead: int | None = None) -> list[dict]:
-    """``pairs.pool`` opening with ``paraphrase_lead()`` paraphrases (``lead`` given: that many)."""
+    """``pairs.pool`` (its arguments in its order) opening with ``paraphrase_lead()`` paraphrases
+    (``lead`` given: that many)."""
     return PAIRS.pool(base_prompts, n, paraphrase_share, seed, paraphrase_lead() if lead is None else lead)
 
 
-def pool_from_text(text: str, n: int, seed: int = 0, paraphrase_share: float = PARAPHRASE_SHARE,
+def pool_from_text(text: str, n: int, paraphrase_share: float = PARAPHRASE_SHARE, seed: int = 0,
                    lead: int | None = None) -> list[dict]:
     """``pairs.pool_from_text`` opening with ``paraphrase_lead()`` paraphrases."""
     return PAIRS.pool_from_text(text, n, paraphrase_share, seed, paraphrase_lead() if lead is None else lead)
