@@ -84,10 +84,6 @@ class Ladder:
         return hashlib.sha256(json.dumps([self.points, self.start], sort_keys=True).encode()).hexdigest()[:12]
 
 
-def cells_of(model: RiskModel) -> list[str]:
-    return CAL._cells(model)
-
-
 def cell_keys(model: RiskModel, cell: str) -> list[str]:
     return [option_key(cell, c) for c in model.class_finishes(class_of_option(cell))]
 
@@ -96,7 +92,7 @@ def ladder_of(transferred: RiskModel, budgets=CHEAP_BUDGETS) -> Ladder:
     """The transferred thresholds to test. One threshold per cell for all its finishes: a model
     certified per finish (``joint`` off) has no single ladder to transfer."""
     points, start = {}, {}
-    for cell in cells_of(transferred):
+    for cell in CAL._cells(transferred):
         tables = [transferred.thresholds.get(k, {}) for k in cell_keys(transferred, cell)]
         table = tables[0]
         if any(t != table for t in tables[1:]):
