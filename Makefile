@@ -17,8 +17,9 @@ demo: setup
 demo-pictures: setup
 	$(PY) scripts/demo_pictures.py
 
+# two workers, one per core of the CI machine; every test keeps to its own temporary folders and ports
 test: setup
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q -n 2 tests
 
 workflows:
 	python3 scripts/make_workflows.py
