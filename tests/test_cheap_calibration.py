@@ -12,6 +12,7 @@ from carnator_core.calibration import cheap
 from carnator_core.calibration import pairs as prompt_pairs
 from carnator_core.calibration.meter import ComputeMeter
 from carnator_core.calibration.risk_control import certify
+from carnator_core.calibration.sequential import RiskSequence
 from carnator_core.calibration.tolerance import Tolerance
 from carnator_core.comfy_adapter import attach_meter, calibrate_model, model_fingerprint
 from carnator_core.gate import RiskModel, calibration_file
@@ -66,6 +67,23 @@ def test_too_few_labels_certify_nothing_and_the_summary_says_how_many_more():
     assert "same-scene evidence: certified α = 50% (threshold 0.8)" in cheap.report_text(report)
 
 
+def test_what_more_a_refused_budget_costs_is_read_at_the_mix_after_the_paraphrase_lead():
+    """After the pool's leading paraphrases only some pairs land in a cell, so each pair landing
+    there costs the pairs drawn beside it: the estimate reads the pairs after the lead (here
+    half of them same-scene, an edit beside each), not the lead's cheaper mix."""
+    edit = {"outside_mean": 0.2, "outside_max": 0.9, "region_fraction": 0.3, "depth_fraction": 0.0,
+            "similarity_gap": 0.05, "reuse_share": 0.3}
+    edit_row = lambda g: {"pair_id": str(g), "cost": {"generations": 5.0, "by": "meter"},  # noqa: E731
+                          "instances": [{"group": g, "kind": "edit", "features": dict(edit), "depths": [],
+                                         "decisions": []} for _ in range(2)]}
+    rows = [pair_row(g, (0, 0)) for g in range(10)]
+    rows += [edit_row(g) if g % 2 == 0 else pair_row(g, (0, 0)) for g in range(10, 20)]
+    _, report = fitted(rows)
+    refused = report["cells"]["same_scene"]["budgets"]["0.05"]
+    assert refused["more_cell_pairs"] == cheap.clean_pairs_needed(0.05) - 15
+    assert refused["more_generations"] == pytest.approx(refused["more_cell_pairs"] * (5 * 5.0 + 5 * 2.4) / 5, abs=0.1)
+
+
 def test_a_synthetic_pool_certifies_the_budgets_its_failure_rate_allows():
     rng = random.Random(7)
     rows = [pair_row(g, (int(rng.random() < 0.01), int(rng.random() < 0.01))) for g in range(200)]
@@ -103,7 +121,7 @@ def test_at_a_true_rate_of_alpha_it_certifies_alpha_in_at_most_delta_of_draws():
     rng, certified = random.Random(11), 0
     for _ in range(300):  # pairs of two labels failing at 10%, read after every pair (anytime)
         clusters = [(sum(rng.random() < 0.1 for _ in range(2)), 2) for _ in range(150)]
-        certified += cheap.risk_sequence(clusters).rejects(0.1, 0.1)
+        certified += RiskSequence.of(clusters, cheap.CLUSTER).rejects(0.1, 0.1)
     assert certified / 300 <= 0.1
 
 

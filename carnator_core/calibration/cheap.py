@@ -62,7 +62,7 @@ from .sequential import RiskSequence
 from .tolerance import Tolerance
 from . import pairs as PAIRS
 from .pairs import PARAPHRASE_SHARE
-from .cheap_report import report_text
+from .cheap_report import refused_budget, report_text
 
 # α ≤ 2% needs 145 clean pairs in one cell with this test (~500 generation-equivalents):
 # beyond what a cheap calibration spends, so their (shallower, costlier) decisions are not
@@ -375,25 +375,18 @@ def landed_in(rows: list[dict], ranking: RiskModel, max_region_fraction: float =
     return out
 
 
-def risk_sequence(clusters: list[tuple[int, int]], max_cluster: int = CLUSTER) -> RiskSequence:
-    seq = RiskSequence(max_cluster=max_cluster)
-    for fails, n in clusters:
-        seq.add(fails, n)
-    return seq
-
-
 def certify_ladder(observed: dict[str, list[list[tuple[int, int]]]], ladder: Ladder,
                    budgets=CHEAP_BUDGETS, delta: float = DELTA, max_cluster: int = CLUSTER,
-                   generations_per_pair: float | None = None, pairs: int = 0,
+                   cost_per_cell_pair: dict[str, float] | None = None,
                    landed: dict[str, int] | None = None) -> dict:
     """Per cell and budget the certified threshold, by fixed-sequence testing along the ladder
     from the budget's start with each point's clustered anytime-valid test; refused budgets say
-    why and, where the rate measured so far allows, about how many more pairs (and, given the
-    cost per pair, generation-equivalents) they would need. ``pairs``: the pairs measured in all,
-    ``landed``: per cell those with a direction there (default: the clusters at the point)."""
+    why and, where the rate measured so far allows, about how many more pairs (and, given
+    ``cost_per_cell_pair``, generation-equivalents) they would need. ``landed``: per cell the
+    pairs with a direction there (default: the clusters at the point)."""
     cells = {}
     for cell, pts in ladder.points.items():
-        seqs = [risk_sequence(observed.get(cell, [[]] * len(pts))[j], max_cluster) for j in range(len(pts))]
+        seqs = [RiskSequence.of(observed.get(cell, [[]] * len(pts))[j], max_cluster) for j in range(len(pts))]
         report = {"points": [{"threshold": lam, **_point(s, delta)} for lam, s in zip(pts, seqs)],
                   "budgets": {}}
         for a in budgets:
@@ -412,8 +405,8 @@ def certify_ladder(observed: dict[str, list[list[tuple[int, int]]]], ladder: Lad
                 report["budgets"][key] = {"threshold": pts[last], "clusters": len(seqs[last].counts)}
             else:
                 in_cell = (landed or {}).get(cell, len(seqs[first].counts))
-                report["budgets"][key] = {"threshold": None, **_refused(seqs[first], a, delta, max_cluster,
-                                                                         generations_per_pair, pairs, in_cell)}
+                report["budgets"][key] = {"threshold": None, **refused_budget(
+                    seqs[first], a, delta, max_cluster, in_cell, (cost_per_cell_pair or {}).get(cell))}
         cells[cell] = report
     return cells
 
@@ -424,39 +417,6 @@ def _point(seq: RiskSequence, delta: float) -> dict:
             "upper": seq.upper(delta) if seq.counts else 1.0}
 
 
-def _refused(seq: RiskSequence, alpha: float, delta: float, max_cluster: int,
-             generations_per_pair: float | None, pairs: int, in_cell: int, limit: int = 3000) -> dict:
-    """Why a budget is refused, and the pairs landing in this cell that would certify it if
-    labels kept failing at the rate measured so far (none failed yet: at least that many):
-    a rough guide for the next budget, not a promise."""
-    labels, fails, clusters = sum(seq.counts), sum(seq.fails), len(seq.counts)
-    rate = fails / labels if labels else 0.0
-    out = {"clusters": clusters, "labels": int(labels), "failures": int(round(fails))}
-    if fails and rate >= alpha:
-        return {**out, "why": "at this rate more pairs will not certify it"}
-    size = max(1, min(max_cluster, round(labels / clusters))) if clusters else max_cluster
-    seen = list(zip(seq.fails, seq.counts))
-
-    def certifies(extra: int) -> bool:  # the capital's running peak only grows with more pairs
-        return risk_sequence(seen + [(rate * size, size)] * extra, max_cluster).rejects(alpha, delta)
-    if not certifies(limit):
-        extra = limit
-    else:
-        lo, extra = 0, limit  # the fewest extra pairs that certify: lo fails, extra certifies
-        while extra - lo > 1:
-            mid = (lo + extra) // 2
-            lo, extra = (lo, mid) if certifies(mid) else (mid, extra)
-    if extra >= limit:
-        return {**out, "why": f"too few labels: more than {limit} more pairs in this cell at the rate so far"}
-    # pairs landed here but not labelled at this threshold: a budget this small could not have
-    # certified it, so its (shallower, dearer) decisions were left for a larger one
-    why = "not labelled at this budget" if in_cell and not clusters else "too few labels"
-    out.update(why=why, more_cell_pairs=extra, landed=in_cell)
-    if in_cell and pairs and generations_per_pair:  # at this pool's mix: all pairs measured per cell pair
-        out["more_generations"] = round(extra * generations_per_pair * pairs / in_cell, 1)
-    return out
-
-
 def fit_rows(rows: list[dict], transferred: RiskModel, settings: ReuseSettings, steps: int,
              budgets=CHEAP_BUDGETS, delta: float = DELTA, tolerance: dict | None = None) -> tuple[RiskModel, dict]:
     """The calibration these measured pairs certify: the transferred ranking with the
@@ -464,10 +424,14 @@ def fit_rows(rows: list[dict], transferred: RiskModel, settings: ReuseSettings, 
     ranking = ranking_for(transferred, settings, steps)
     ladder = ladder_of(transferred, budgets)
     limit = settings.gate.max_region_fraction
-    spent = sum(PairCost.of(r, r["instances"], steps).generations for r in rows)
-    per_pair = spent / len(rows) if rows else None
+    # what more pairs cost per pair landing in a cell, at the mix a larger budget draws: the
+    # pairs after the pool's paraphrase lead (measured once; edits land there only)
+    ahead = rows[next((i for i, r in enumerate(rows) if any(x.get("kind") != "paraphrase"
+                                                               for x in r["instances"])), len(rows)):] or rows
+    spent = sum(PairCost.of(r, r["instances"], steps).generations for r in ahead)
+    per_cell = {cell: spent / n for cell, n in landed_in(ahead, ranking, limit).items()}
     cells = certify_ladder(streams(rows, ranking, ladder, limit), ladder, budgets, delta,
-                           generations_per_pair=per_pair, pairs=len(rows), landed=landed_in(rows, ranking, limit))
+                           cost_per_cell_pair=per_cell, landed=landed_in(rows, ranking, limit))
     thresholds = {}
     for cell, rep in cells.items():
         table = {a: r["threshold"] for a, r in rep["budgets"].items() if r["threshold"] is not None}

@@ -1,9 +1,44 @@
-"""The cheap calibration's report in words: what was certified per cell, what was refused and
-why, and what it cost."""
+"""The cheap calibration's report: what was certified per cell, what was refused, why, and
+roughly what more a refused budget would need; what it cost."""
 from __future__ import annotations
 
 from ..gate import share_bin_text
 from .meter import cost_text
+from .sequential import RiskSequence
+
+
+def refused_budget(seq: RiskSequence, alpha: float, delta: float, max_cluster: int, in_cell: int,
+                   cost_per_cell_pair: float | None = None, limit: int = 3000) -> dict:
+    """Why a budget is refused, and the pairs landing in this cell that would certify it if
+    labels kept failing at the rate measured so far (none failed yet: at least that many), with
+    what they would cost (``cost_per_cell_pair``: generation-equivalents the pool spends per pair
+    landing here): a rough guide for the next budget, not a promise."""
+    labels, fails, clusters = sum(seq.counts), sum(seq.fails), len(seq.counts)
+    rate = fails / labels if labels else 0.0
+    out = {"clusters": clusters, "labels": int(labels), "failures": int(round(fails))}
+    if fails and rate >= alpha:
+        return {**out, "why": "at this rate more pairs will not certify it"}
+    size = max(1, min(max_cluster, round(labels / clusters))) if clusters else max_cluster
+    seen = list(zip(seq.fails, seq.counts))
+
+    def certifies(extra: int) -> bool:  # the capital's running peak only grows with more pairs
+        return RiskSequence.of(seen + [(rate * size, size)] * extra, max_cluster).rejects(alpha, delta)
+    if not certifies(limit):
+        extra = limit
+    else:
+        lo, extra = 0, limit  # the fewest extra pairs that certify: lo fails, extra certifies
+        while extra - lo > 1:
+            mid = (lo + extra) // 2
+            lo, extra = (lo, mid) if certifies(mid) else (mid, extra)
+    if extra >= limit:
+        return {**out, "why": f"too few labels: more than {limit} more pairs in this cell at the rate so far"}
+    # pairs landed here but not labelled at this threshold: a budget this small could not have
+    # certified it, so its (shallower, dearer) decisions were left for a larger one
+    why = "not labelled at this budget" if in_cell and not clusters else "too few labels"
+    out.update(why=why, more_cell_pairs=extra, landed=in_cell)
+    if cost_per_cell_pair:
+        out["more_generations"] = round(extra * cost_per_cell_pair, 1)
+    return out
 
 
 def report_text(report: dict) -> str:

@@ -123,6 +123,14 @@ class RiskSequence:
         self._closed_keys: set = set()
         self._capital: dict = {}
 
+    @classmethod
+    def of(cls, clusters, max_cluster: int = 1) -> "RiskSequence":
+        """A sequence of these closed clusters, (failures, labels) each, in order."""
+        seq = cls(max_cluster=max_cluster)
+        for failures, count in clusters:
+            seq.add(failures, count)
+        return seq
+
     # ---------------------------------------------------------------- data
     def observe(self, label: float, cluster: Hashable | None = None) -> None:
         self.labels += 1
