@@ -78,7 +78,7 @@ def test_what_more_a_refused_budget_costs_is_read_at_the_mix_after_the_paraphras
                                          "decisions": []} for _ in range(2)]}
     rows = [pair_row(g, (0, 0)) for g in range(10)]
     rows += [edit_row(g) if g % 2 == 0 else pair_row(g, (0, 0)) for g in range(10, 20)]
-    _, report = fitted(rows)
+    report = cheap.fit_rows(rows, transferred(), ReuseSettings(), 20, lead=10)[1]
     refused = report["cells"]["same_scene"]["budgets"]["0.05"]
     assert refused["more_cell_pairs"] == cheap.clean_pairs_needed(0.05) - 15
     assert refused["more_generations"] == pytest.approx(refused["more_cell_pairs"] * (5 * 5.0 + 5 * 2.4) / 5, abs=0.1)

@@ -231,8 +231,8 @@ def main(argv=None) -> dict:
            "budgets": {}}
     for budget in sorted(a.budgets):
         part = prefix(rows, budget)
-        model, rep = cheap.fit_rows(part, transferred, settings, STEPS, tolerance={"psnr_bound": PSNR_BOUND,
-                                                                                  "space": "frames", "checker": True})
+        model, rep = cheap.fit_rows(part, transferred, settings, STEPS, lead=lead,
+                                    tolerance={"psnr_bound": PSNR_BOUND, "space": "frames", "checker": True})
         spent = sum(PairCost.of(r, r["instances"], STEPS).generations for r in part)
         seconds = sum(float((r.get("cost") or {}).get("seconds") or 0.0) for r in part)
         checks = {}

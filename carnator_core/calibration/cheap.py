@@ -418,16 +418,17 @@ def _point(seq: RiskSequence, delta: float) -> dict:
 
 
 def fit_rows(rows: list[dict], transferred: RiskModel, settings: ReuseSettings, steps: int,
-             budgets=CHEAP_BUDGETS, delta: float = DELTA, tolerance: dict | None = None) -> tuple[RiskModel, dict]:
+             budgets=CHEAP_BUDGETS, delta: float = DELTA, tolerance: dict | None = None,
+             lead: int = 0) -> tuple[RiskModel, dict]:
     """The calibration these measured pairs certify: the transferred ranking with the
-    thresholds certified per cell (a cell-budget left uncertified reuses nothing there)."""
+    thresholds certified per cell (a cell-budget left uncertified reuses nothing there).
+    ``lead``: the paraphrase pairs the pool opened with (``paraphrase_lead``)."""
     ranking = ranking_for(transferred, settings, steps)
     ladder = ladder_of(transferred, budgets)
     limit = settings.gate.max_region_fraction
     # what more pairs cost per pair landing in a cell, at the mix a larger budget draws: the
     # pairs after the pool's paraphrase lead (measured once; edits land there only)
-    ahead = rows[next((i for i, r in enumerate(rows) if any(x.get("kind") != "paraphrase"
-                                                               for x in r["instances"])), len(rows)):] or rows
+    ahead = rows[lead:] or rows
     spent = sum(PairCost.of(r, r["instances"], steps).generations for r in ahead)
     per_cell = {cell: spent / n for cell, n in landed_in(ahead, ranking, limit).items()}
     cells = certify_ladder(streams(rows, ranking, ladder, limit), ladder, budgets, delta,
@@ -488,10 +489,10 @@ def calibrate(make_run: Callable[[str, int], object], pairs: list[dict], setting
     ledger = CostLedger(budget_generations=max(0.0, float(budget_generations or 0)), served=served)
     rows = measure(pairs, make_run, settings, transferred, cheap_progress_path(path), steps, seed, judge,
                    budgets, meter=meter, ledger=ledger, log=log, on_pair=on_pair, delta=delta)
-    model, report = fit_rows(rows, transferred, settings, steps, budgets, delta, tolerance.as_dict())
-    lead = next((i for i, p in enumerate(pairs) if p.get("kind") != "paraphrase"), len(pairs))
+    lead = min(len(rows), next((i for i, p in enumerate(pairs) if p.get("kind") != "paraphrase"), len(pairs)))
+    model, report = fit_rows(rows, transferred, settings, steps, budgets, delta, tolerance.as_dict(), lead)
     report.update(model_fingerprint=fingerprint, steps=steps, probe_fraction=settings.probe_fraction,
-                  paraphrase_lead=min(lead, len(rows)),
+                  paraphrase_lead=lead,
                   region_fill_on_m=model.region_fill_on_m, region_margin=model.region_margin,
                   latents=model.measured_latents, cost=ledger.as_dict(), cost_generations=round(ledger.spent, 3),
                   seconds=round(time.perf_counter() - t0, 1), source=model.source)
