@@ -303,6 +303,8 @@ def metrics(recs: list[dict], psnr_bound: float) -> dict:
         # on a model with EasyCache: against that model's own full computation (the reference
         # its calibration certifies), beside the plain model's above
         "false_accept_rate_own_model": (n_fa_own / len(own)) if own else None,
+        "false_accepts_own_model": n_fa_own if own else None,
+        "judged_own_model": len(own),
         "false_accept_ci95_own_model": [clopper_pearson_lower(n_fa_own, len(own), 0.025),
                                         clopper_pearson_upper(n_fa_own, len(own), 0.025)] if own else None,
         "hit_speedup": ratio(acc, "t_full", "t"),
@@ -792,6 +794,9 @@ def main(argv=None) -> dict:
                     help="also run ComfyUI's EasyCache alone at these thresholds")
     ap.add_argument("--easycache-carnator", type=float, nargs="*", default=[],
                     help="also run Carnator (main budget) on the model with EasyCache at these thresholds")
+    ap.add_argument("--easycache-budgets", type=float, nargs="+", default=None, metavar="ALPHA",
+                    help="run Carnator + EasyCache at these budgets (default: the main budget alone); "
+                         "each lands in the workload's sweeps under carnator_easycache_<threshold>")
     ap.add_argument("--easycache-risk-model", default=None, metavar="DIR",
                     help="a folder holding calibrations of the model with EasyCache applied "
                          "(bench/calibrate.py --easycache T; found by that model's fingerprint and "
@@ -833,6 +838,7 @@ def main(argv=None) -> dict:
                             "recurring_sources": a.recurring_sources,
                             "easycache": a.easycache,
                             "easycache_carnator": a.easycache_carnator,
+                            "easycache_budgets": a.easycache_budgets,
                             "easycache_risk_model": a.easycache_risk_model,
                             "risk_model": rm.source, "risk_model_calibrated": rm.calibrated,
                             "calibration": calibration_record(rm_path),
@@ -865,17 +871,21 @@ def main(argv=None) -> dict:
                 composed[f"easycache_{tau:g}"] = {**run_easycache(world, lines, refs, tau, a.psnr_bound,
                                                                   keep=ec_own),
                                                   "easycache_threshold": tau}
+            ec_sweeps = {}
             for tau in a.easycache_carnator:
-                print(f"[{name}] carnator α={a.main_budget:g} + EasyCache {tau:g} …", flush=True)
                 ew = eased(world, tau)
                 ec_rm = easycache_risk_model(a.easycache_risk_model, ew.fingerprint, a.probe_fraction) or rm_path
-                m = run_carnator(ew, lines, refs, a.main_budget, ec_rm, a.psnr_bound,
-                                 False, workdir, fill_calls, a.min_saving, a.recurring_sources,
-                                 a.probe_fraction, own_refs=ec_own[tau])[0]
-                composed[f"carnator_easycache_{tau:g}"] = {**m, "easycache_threshold": tau,
-                                                           "risk_budget": a.main_budget,
-                                                           "risk_model": ec_rm and os.path.relpath(ec_rm, REPO),
-                                                           "calibration": calibration_record(ec_rm)}
+                key, runs = f"carnator_easycache_{tau:g}", []
+                for b in a.easycache_budgets or [a.main_budget]:
+                    print(f"[{name}] carnator α={b:g} + EasyCache {tau:g} …", flush=True)
+                    m = run_carnator(ew, lines, refs, b, ec_rm, a.psnr_bound,
+                                     False, workdir, fill_calls, a.min_saving, a.recurring_sources,
+                                     a.probe_fraction, own_refs=ec_own[tau])[0]
+                    m = {**m, "easycache_threshold": tau, "risk_budget": b,
+                         "risk_model": ec_rm and os.path.relpath(ec_rm, REPO), "calibration": calibration_record(ec_rm)}
+                    runs.append(m)
+                ec_sweeps[key] = runs  # the workload's row: the main budget's run, else the first
+                composed[key] = next((m for m in runs if m["risk_budget"] == a.main_budget), runs[0])
             main_c = carn[a.main_budget][0]
             if a.records:
                 results.setdefault("records", {})[name] = {f"{b:g}": recs for b, (_, recs) in carn.items()}
@@ -892,7 +902,8 @@ def main(argv=None) -> dict:
                 results["workloads"][name]["carnator_sparse"] = {**sp, "risk_budget": a.main_budget}
             text_points = [{"threshold": t, **m} for t, (m, _) in (text_sweep or {}).items()]
             results["sweeps"][name] = {**({"text": text_points} if text_sweep is not None else {}),
-                                       "carnator": [{"risk_budget": b, **m} for b, (m, _) in carn.items()]}
+                                       "carnator": [{"risk_budget": b, **m} for b, (m, _) in carn.items()],
+                                       **ec_sweeps}
             results["breakdown"][name] = {"carnator": breakdown(carn[a.main_budget][1], a.psnr_bound)}
             if text_sweep is None:
                 continue

@@ -24,6 +24,17 @@ one (4.0×) but reuses far less often, and that shows in the whole workload, not
 
 Writes bench/results/cheap_served.json and the rows of bench/results/calibration_cost.json
 with procedure "cheap" and the workload's name.
+
+With ``--easycache T`` the same on the bundled model with ComfyUI's EasyCache at threshold T
+(its own fingerprint, its own calibrations): the cheap calibration of
+bench/studies/cheap_calibration.py --easycache T (bench/results/studies/easycache_cheap.json)
+and that model's full calibration each serve the workloads with EasyCache on (bench/tinyworld.py
+--easycache-carnator T --easycache-budgets 0.05 0.1), every hit judged against the EasyCache'd
+model's own full computation, what both calibrations certify against →
+bench/results/studies/cheap_served_easycache/{full,at_<budget>}/<workload>.json and
+bench/results/cheap_served_easycache.json:
+
+    nice .venv/bin/python bench/studies/cheap_served.py --easycache 0.02 --budgets 200 --workloads serve iterate
 """
 from __future__ import annotations
 
@@ -37,9 +48,11 @@ from concurrent.futures import ThreadPoolExecutor
 
 from study_paths import REPO  # noqa: E402 - the repository, tests/ and bench/ on the path
 from proxy_size import served_rows  # noqa: E402 - per workload and α, from bench/tinyworld.py's sweeps
+from carnator_core.calibration.risk_control import clopper_pearson_upper  # noqa: E402
 
 RESULTS = os.path.join(REPO, "bench", "results")
 CHEAP = os.path.join(RESULTS, "cheap_calibration.json")
+EASYCACHE_CHEAP = os.path.join(RESULTS, "studies", "easycache_cheap.json")
 FULL = os.path.join(RESULTS, "tinyworld.json")
 FOLDER = os.path.join(RESULTS, "studies", "cheap_served")
 OUT = os.path.join(RESULTS, "cheap_served.json")
@@ -47,11 +60,46 @@ WORKLOADS = ("serve", "serve_reworded", "iterate", "iterate_replicate", "novel")
 ALPHAS = (0.05, 0.1)
 
 
-def run_command(workload: str, risk_model: str, out: str, limit: int | None) -> list[str]:
+def run_command(workload: str, risk_model: str, out: str, limit: int | None,
+                easycache: float | None = None) -> list[str]:
+    """The plain model served with ``risk_model``; with ``easycache``, the EasyCache'd model with
+    the calibration folder ``risk_model`` (the plain model at the first α alone, unused)."""
+    alphas = [f"{a:g}" for a in ALPHAS]
     cmd = [sys.executable, os.path.join(REPO, "bench", "tinyworld.py"), workload, "--steps", "20",
-           "--probe-fraction", "0.05", "--budgets", *[f"{a:g}" for a in ALPHAS], "--no-sparse-system",
-           "--no-text-baseline", "--no-plots", "--threads", "1", "--risk-model", risk_model, "--out", out]
+           "--probe-fraction", "0.05", "--no-sparse-system", "--no-text-baseline", "--no-plots", "--threads", "1",
+           "--out", out]
+    if easycache is None:
+        cmd += ["--budgets", *alphas, "--risk-model", risk_model]
+    else:
+        cmd += ["--budgets", alphas[0], "--main-budget", alphas[0], "--easycache-carnator", f"{easycache:g}",
+                "--easycache-risk-model", risk_model, "--easycache-budgets", *alphas]
     return cmd + (["--limit", str(limit)] if limit else [])
+
+
+def easycache_rows(paths: list[str], threshold: float) -> dict:
+    """Each workload of these runs: per α, Carnator on the EasyCache'd model, false accepts
+    against that model's own full computation, the workload's saving against EasyCache alone."""
+    out = {}
+    for path in paths:
+        data = json.load(open(path))
+        for name, sweep in data["sweeps"].items():
+            rows = {}
+            alone = data["workloads"][name][f"easycache_{threshold:g}"]["compute_speedup_workload"]
+            for m in sweep.get(f"carnator_easycache_{threshold:g}", []):
+                hits, fa = m["judged_own_model"], m["false_accepts_own_model"] or 0
+                rows[f"{m['risk_budget']:g}"] = {
+                    "requests": m["requests"], "hits": hits, "hit_rate": m["hit_rate"], "false_accepts": fa,
+                    "false_accept_rate": fa / hits if hits else 0.0,
+                    "fa_upper95": clopper_pearson_upper(fa, hits, 0.05) if hits else None,
+                    "false_accept_rate_plain_model": m["false_accept_rate"],
+                    "gate_hit_steps_speedup": m.get("steps_speedup_hits"),
+                    # Carnator's own saving: the model's work against EasyCache alone's
+                    "workload_steps_speedup": m["compute_speedup_workload"] / alone,
+                    "workload_speedup_over_full": m["compute_speedup_workload"], "easycache_alone_speedup": alone,
+                    "same_scene_hit_rate": m.get("same_scene_hit_rate")}
+            out[name] = {"calibration": (data["workloads"][name].get(f"carnator_easycache_{threshold:g}") or {})
+                         .get("risk_model"), "seconds": data["settings"].get("seconds"), "by_alpha": rows}
+    return out
 
 
 def ratio(a, b):
@@ -66,34 +114,54 @@ def main(argv=None) -> dict:
     ap.add_argument("--limit", type=int, default=None, help="first N requests of each workload")
     ap.add_argument("--jobs", type=int, default=2, help="runs at a time (one core each)")
     ap.add_argument("--merge-only", action="store_true", help="run nothing; read the runs there are")
-    ap.add_argument("--folder", default=FOLDER)
-    ap.add_argument("--out", default=OUT)
+    ap.add_argument("--easycache", type=float, default=None, metavar="THRESHOLD",
+                    help="the model with EasyCache at this threshold: its cheap and full calibrations")
+    ap.add_argument("--folder", default=None, help=f"default {os.path.relpath(FOLDER, REPO)}[_easycache]")
+    ap.add_argument("--out", default=None, help=f"default {os.path.relpath(OUT, REPO)} (…_easycache.json)")
     ap.add_argument("--no-cost-rows", action="store_true", help="leave bench/results/calibration_cost.json alone")
     a = ap.parse_args(argv)
-    cheap = json.load(open(CHEAP))
+    eased = a.easycache is not None
+    a.folder = a.folder or (FOLDER + "_easycache" if eased else FOLDER)
+    a.out = a.out or (OUT.replace(".json", "_easycache.json") if eased else OUT)
+    cheap = json.load(open(EASYCACHE_CHEAP if eased else CHEAP))
+    if eased and abs(float(cheap.get("easycache") or -1) - a.easycache) > 1e-12:
+        raise SystemExit(f"{os.path.relpath(EASYCACHE_CHEAP, REPO)} is the cheap calibration at EasyCache "
+                         f"{cheap.get('easycache')}, not {a.easycache:g}")
     missing = [f"{b:g}" for b in a.budgets if f"{b:g}" not in cheap["budgets"]]
     if missing:
         raise SystemExit(f"no cheap calibration at budget(s) {', '.join(missing)} in {os.path.relpath(CHEAP, REPO)} "
                          f"(it has {', '.join(cheap['budgets'])}): run bench/studies/cheap_calibration.py "
                          f"--budgets … with them first")
-    jobs = []
+    # what each run serves with: the plain model a calibration file, the EasyCache'd one the
+    # folder holding it (found there by that model's fingerprint)
+    served_with = (lambda f: os.path.dirname(os.path.dirname(os.path.join(REPO, f)))) if eased else (  # noqa: E731
+        lambda f: os.path.join(REPO, f))
+    todo = {os.path.join(a.folder, "full"): cheap["full_reference"]} if eased else {}
     for budget in a.budgets:
         b = cheap["budgets"][f"{budget:g}"]
         if not b.get("calibration_file"):
             print(f"budget {budget:g}: nothing certified, nothing to serve")
             continue
-        folder = os.path.join(a.folder, f"at_{budget:g}")
+        todo[os.path.join(a.folder, f"at_{budget:g}")] = b["calibration_file"]
+    jobs = []
+    for folder, calibration in todo.items():
         for wl in a.workloads:
             out = os.path.join(folder, f"{wl}.json")
             if not os.path.exists(out) and not a.merge_only:
                 os.makedirs(folder, exist_ok=True)
-                jobs.append(run_command(wl, os.path.join(REPO, b["calibration_file"]), out, a.limit))
+                jobs.append(run_command(wl, served_with(calibration), out, a.limit, a.easycache))
     with ThreadPoolExecutor(max(1, a.jobs)) as pool:
         for cmd, done in zip(jobs, pool.map(lambda c: subprocess.run(c, cwd=REPO).returncode, jobs)):
             if done:
                 raise SystemExit(f"failed ({done}): {' '.join(cmd)}")
-    full = {wl: w["by_alpha"] for wl, w in served_rows([FULL]).items()}  # the full calibration's runs
-    result = {"what": __doc__.splitlines()[0], "full_reference": os.path.relpath(FULL, REPO),
+    if eased:  # the full calibration's runs
+        rows_of = lambda paths: easycache_rows(paths, a.easycache)  # noqa: E731
+        full_runs = sorted(glob.glob(os.path.join(a.folder, "full", "*.json")))
+    else:
+        rows_of, full_runs = served_rows, [FULL]
+    full = {wl: w["by_alpha"] for wl, w in rows_of(full_runs).items()}
+    result = {"what": __doc__.splitlines()[0], "easycache": a.easycache,
+              "full_reference": [os.path.relpath(p, REPO) for p in full_runs] if eased else os.path.relpath(FULL, REPO),
               "full_calibration_cost": cheap["full_calibration"].get("cost_generations"),
               "model_fingerprint": cheap["model_fingerprint"], "steps": cheap["steps"],
               "not_run": {"0.02": "not offered by the cheap procedure: nothing certified, no reuse but exact repeats"},
@@ -103,11 +171,12 @@ def main(argv=None) -> dict:
         if not os.path.isdir(folder):
             continue
         b = cheap["budgets"][f"{budget:g}"]
-        served = served_rows(sorted(glob.glob(os.path.join(folder, "*.json"))))
+        served = rows_of(sorted(glob.glob(os.path.join(folder, "*.json"))))
         for wl, w in served.items():
             for al, v in w["by_alpha"].items():
                 ref = full.get(wl, {}).get(al, {})
                 v.update(full_gate_hit_speedup=ref.get("gate_hit_steps_speedup"),
+                         full_false_accept_rate=ref.get("false_accept_rate"),
                          full_workload_speedup=ref.get("workload_steps_speedup"), full_hit_rate=ref.get("hit_rate"),
                          speedup_kept=ratio(v["gate_hit_steps_speedup"], ref.get("gate_hit_steps_speedup")),
                          workload_kept=ratio((v["workload_steps_speedup"] or 1.0) - 1.0,
@@ -128,10 +197,14 @@ def main(argv=None) -> dict:
 def _cost_rows(result: dict) -> None:
     from calibration_cost import merge
     rows = []
+    eased = result.get("easycache") is not None
+    full = ("the same workloads served with that model's full calibration, bench/results/studies/"
+            "cheap_served_easycache/full/" if eased else "bench/results/tinyworld.json")
     for budget, b in result["budgets"].items():
         for wl, w in b["served"].items():
             for al, v in w["by_alpha"].items():
                 rows.append({"model": result["model_fingerprint"], "procedure": "cheap", "workload": wl,
+                             **({"easycache": result["easycache"]} if eased else {}),
                              "alpha": float(al), "steps": result["steps"], "budget_generations": float(budget),
                              "cost_generations": b["cost_generations"], "pairs": b["pairs"],
                              "requests": v["requests"], "hit_rate": v["hit_rate"],
@@ -140,10 +213,12 @@ def _cost_rows(result: dict) -> None:
                              "workload_speedup": v["workload_steps_speedup"], "workload_kept": v["workload_kept"],
                              "full_gate_hit_speedup": v["full_gate_hit_speedup"], "full_hit_rate": v["full_hit_rate"],
                              "note": "the cheap calibration stopped at this budget, the workload served with it "
-                                     "(bench/studies/cheap_served.py); speedups in model steps; speedup_kept: gate-hit "
-                                     "speedup over the full calibration's on the same workload and alpha "
-                                     "(bench/results/tinyworld.json); workload_kept: the same for the steps the whole "
-                                     "workload saves"})
+                                     "(bench/studies/cheap_served.py"
+                                     + (f" --easycache {result['easycache']:g}; false accepts against the EasyCache'd "
+                                        "model's own full computation" if eased else "")
+                                     + "); speedups in model steps; speedup_kept: gate-hit speedup over the full "
+                                     f"calibration's on the same workload and alpha ({full}); workload_kept: the "
+                                     "same for the steps the whole workload saves"})
     merge(rows)
 
 
