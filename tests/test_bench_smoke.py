@@ -235,6 +235,29 @@ def test_cheap_served_runs_a_workload_on_a_budgets_calibration_and_compares_it_w
     assert all(r["requests"] == 8 for r in rows.values())
 
 
+def test_cheap_served_on_the_easycache_model_judges_its_hits_against_that_model_and_rereads_its_runs(tmp_path):
+    """bench/studies/cheap_served.py --easycache 0.02 serves the EasyCache'd model with its own
+    cheap and full calibrations (each found in its folder by that model's fingerprint) at α = 5%
+    and 10%, every hit judged against that model's own full computation; the committed rows
+    are what the committed runs give when read again."""
+    ec = json.loads((REPO / "bench" / "results" / "studies" / "easycache_cheap.json").read_text())
+    target, folder = tmp_path / "served.json", tmp_path / "runs"
+    run(["bench/studies/cheap_served.py", "--easycache", "0.02", "--budgets", "200", "--workloads", "serve",
+         "--limit", "4", "--folder", str(folder), "--out", str(target), "--no-cost-rows"])
+    for part, calibration in (("full", ec["full_reference"]), ("at_200", ec["budgets"]["200"]["calibration_file"])):
+        sweep = json.loads((folder / part / "serve.json").read_text())["sweeps"]["serve"]["carnator_easycache_0.02"]
+        assert [m["risk_budget"] for m in sweep] == [0.05, 0.1]
+        assert all(m["risk_model"] == calibration and ec["model_fingerprint"] in calibration for m in sweep)
+        assert all(m["judged_own_model"] == round(m["hit_rate"] * 4) for m in sweep)
+    rows = json.loads(target.read_text())["budgets"]["200"]["served"]["serve"]["by_alpha"]
+    assert set(rows) == {"0.05", "0.1"} and all(r["requests"] == 4 for r in rows.values())
+    again = tmp_path / "again.json"
+    run(["bench/studies/cheap_served.py", "--easycache", "0.02", "--budgets", "200", "--merge-only",
+         "--folder", "bench/results/studies/cheap_served_easycache", "--out", str(again), "--no-cost-rows"])
+    committed = json.loads((REPO / "bench" / "results" / "cheap_served_easycache.json").read_text())
+    assert json.loads(again.read_text())["budgets"] == committed["budgets"]
+
+
 def test_proxy_size_study_reproduces_its_committed_numbers_from_the_committed_runs(tmp_path):
     """bench/results/proxy_size.json is read from the committed runs, not typed in: reading
     them again (nothing measured, no timing) gives the same served rows, label agreement and

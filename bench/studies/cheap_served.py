@@ -123,13 +123,14 @@ def main(argv=None) -> dict:
     eased = a.easycache is not None
     a.folder = a.folder or (FOLDER + "_easycache" if eased else FOLDER)
     a.out = a.out or (OUT.replace(".json", "_easycache.json") if eased else OUT)
-    cheap = json.load(open(EASYCACHE_CHEAP if eased else CHEAP))
+    source = EASYCACHE_CHEAP if eased else CHEAP
+    cheap = json.load(open(source))
     if eased and abs(float(cheap.get("easycache") or -1) - a.easycache) > 1e-12:
-        raise SystemExit(f"{os.path.relpath(EASYCACHE_CHEAP, REPO)} is the cheap calibration at EasyCache "
+        raise SystemExit(f"{os.path.relpath(source, REPO)} is the cheap calibration at EasyCache "
                          f"{cheap.get('easycache')}, not {a.easycache:g}")
     missing = [f"{b:g}" for b in a.budgets if f"{b:g}" not in cheap["budgets"]]
     if missing:
-        raise SystemExit(f"no cheap calibration at budget(s) {', '.join(missing)} in {os.path.relpath(CHEAP, REPO)} "
+        raise SystemExit(f"no cheap calibration at budget(s) {', '.join(missing)} in {os.path.relpath(source, REPO)} "
                          f"(it has {', '.join(cheap['budgets'])}): run bench/studies/cheap_calibration.py "
                          f"--budgets … with them first")
     # what each run serves with: the plain model a calibration file, the EasyCache'd one the
