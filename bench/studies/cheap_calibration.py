@@ -5,11 +5,11 @@ budgets and checked on the full calibration's held-out measured pairs.
     .venv/bin/python bench/studies/cheap_calibration.py --budgets 25 50       # re-read (nothing measured again)
     # the same ranking on another model, read against that model's full calibration:
     S=bench/results/studies
-    .venv/bin/python bench/studies/cheap_calibration.py --budgets 25 50 100 200 250 \
+    .venv/bin/python bench/studies/cheap_calibration.py --budgets 25 50 100 200 250 400 \
         --model models/tinyworld_caption/carnator_tinyworld_wan21.safetensors --folder $S/caption_cheap \
         --heldout $S/region_finish4_calibration/calibration_measurements.{0,1}-of-2.jsonl --heldout-is-full \
         --full $S/region_finish4_calibration/calibration/95bcddd80de138d9f8c7b1ce75fb36bb.probe0.05.json \
-        --out $S/caption_cheap.json          # and --easycache 0.02 with $S/lang2_region4_easycache_calibration/
+        --out $S/caption_cheap.json   # and --easycache 0.02 (to 250) with $S/lang2_region4_easycache_calibration/
 
 One calibration, continued budget by budget as a user would continue it (25, then the same
 command at 50, 100, 200, 400: the progress file keeps what was measured), read after each: what
