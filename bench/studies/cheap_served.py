@@ -47,8 +47,7 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 
 from study_paths import REPO  # noqa: E402 - the repository, tests/ and bench/ on the path
-from proxy_size import served_rows  # noqa: E402 - per workload and α, from bench/tinyworld.py's sweeps
-from carnator_core.calibration.risk_control import clopper_pearson_upper  # noqa: E402
+from proxy_size import served_row, served_rows  # noqa: E402 - per workload and α, from bench/tinyworld.py's sweeps
 
 RESULTS = os.path.join(REPO, "bench", "results")
 CHEAP = os.path.join(RESULTS, "cheap_calibration.json")
@@ -87,16 +86,11 @@ def easycache_rows(paths: list[str], threshold: float) -> dict:
             alone = data["workloads"][name][f"easycache_{threshold:g}"]["compute_speedup_workload"]
             for m in sweep.get(f"carnator_easycache_{threshold:g}", []):
                 hits, fa = m["judged_own_model"], m["false_accepts_own_model"] or 0
+                # the workload's speedup: Carnator's own saving, the model's work against EasyCache alone's
                 rows[f"{m['risk_budget']:g}"] = {
-                    "requests": m["requests"], "hits": hits, "hit_rate": m["hit_rate"], "false_accepts": fa,
-                    "false_accept_rate": fa / hits if hits else 0.0,
-                    "fa_upper95": clopper_pearson_upper(fa, hits, 0.05) if hits else None,
+                    **served_row(m, hits, fa, fa / hits if hits else 0.0, m["compute_speedup_workload"] / alone),
                     "false_accept_rate_plain_model": m["false_accept_rate"],
-                    "gate_hit_steps_speedup": m.get("steps_speedup_hits"),
-                    # Carnator's own saving: the model's work against EasyCache alone's
-                    "workload_steps_speedup": m["compute_speedup_workload"] / alone,
-                    "workload_speedup_over_full": m["compute_speedup_workload"], "easycache_alone_speedup": alone,
-                    "same_scene_hit_rate": m.get("same_scene_hit_rate")}
+                    "workload_speedup_over_full": m["compute_speedup_workload"], "easycache_alone_speedup": alone}
             out[name] = {"calibration": (data["workloads"][name].get(f"carnator_easycache_{threshold:g}") or {})
                          .get("risk_model"), "seconds": data["settings"].get("seconds"), "by_alpha": rows}
     return out
@@ -133,10 +127,6 @@ def main(argv=None) -> dict:
         raise SystemExit(f"no cheap calibration at budget(s) {', '.join(missing)} in {os.path.relpath(source, REPO)} "
                          f"(it has {', '.join(cheap['budgets'])}): run bench/studies/cheap_calibration.py "
                          f"--budgets … with them first")
-    # what each run serves with: the plain model a calibration file, the EasyCache'd one the
-    # folder holding it (found there by that model's fingerprint)
-    served_with = (lambda f: os.path.dirname(os.path.dirname(os.path.join(REPO, f)))) if eased else (  # noqa: E731
-        lambda f: os.path.join(REPO, f))
     todo = {os.path.join(a.folder, "full"): cheap["full_reference"]} if eased else {}
     for budget in a.budgets:
         b = cheap["budgets"][f"{budget:g}"]
@@ -146,11 +136,15 @@ def main(argv=None) -> dict:
         todo[os.path.join(a.folder, f"at_{budget:g}")] = b["calibration_file"]
     jobs = []
     for folder, calibration in todo.items():
+        # the plain model is served with the calibration file, the EasyCache'd one with the
+        # folder holding it (found there by that model's fingerprint)
+        served_with = os.path.join(REPO, calibration)
+        served_with = os.path.dirname(os.path.dirname(served_with)) if eased else served_with
         for wl in a.workloads:
             out = os.path.join(folder, f"{wl}.json")
             if not os.path.exists(out) and not a.merge_only:
                 os.makedirs(folder, exist_ok=True)
-                jobs.append(run_command(wl, served_with(calibration), out, a.limit, a.easycache))
+                jobs.append(run_command(wl, served_with, out, a.limit, a.easycache))
     with ThreadPoolExecutor(max(1, a.jobs)) as pool:
         for cmd, done in zip(jobs, pool.map(lambda c: subprocess.run(c, cwd=REPO).returncode, jobs)):
             if done:

@@ -210,6 +210,16 @@ def cheap_at_small_size(ratio: float) -> dict | None:
     return out
 
 
+def served_row(m: dict, hits: int, false_accepts: int, false_accept_rate: float, workload_speedup) -> dict:
+    """One α of a bench/tinyworld.py sweep as a served row: the false accepts among ``hits``
+    with their one-sided 95% bound, the speedups in model steps."""
+    return {"requests": m["requests"], "hits": hits, "hit_rate": m["hit_rate"],
+            "false_accepts": false_accepts, "false_accept_rate": false_accept_rate,
+            "fa_upper95": clopper_pearson_upper(false_accepts, hits, 0.05) if hits else None,
+            "gate_hit_steps_speedup": m.get("steps_speedup_hits"), "workload_steps_speedup": workload_speedup,
+            "same_scene_hit_rate": m.get("same_scene_hit_rate")}
+
+
 def served_rows(paths: list[str]) -> dict:
     """Each workload of these bench/tinyworld.py runs: per α, from its sweep."""
     out = {}
@@ -218,14 +228,8 @@ def served_rows(paths: list[str]) -> dict:
         for name, sweep in data["sweeps"].items():
             rows = {}
             for m in sweep["carnator"]:
-                hits = round(m["hit_rate"] * m["requests"])
-                rows[f"{m['risk_budget']:g}"] = {
-                    "requests": m["requests"], "hits": hits, "hit_rate": m["hit_rate"],
-                    "false_accepts": m["false_accepts"], "false_accept_rate": m["false_accept_rate"],
-                    "fa_upper95": clopper_pearson_upper(m["false_accepts"], hits, 0.05) if hits else None,
-                    "gate_hit_steps_speedup": m.get("steps_speedup_hits"),
-                    "workload_steps_speedup": m.get("compute_speedup_workload"),
-                    "same_scene_hit_rate": m.get("same_scene_hit_rate")}
+                rows[f"{m['risk_budget']:g}"] = served_row(m, round(m["hit_rate"] * m["requests"]), m["false_accepts"],
+                                                           m["false_accept_rate"], m.get("compute_speedup_workload"))
             out[name] = {"size": data["settings"].get("size"), "calibration": data["settings"].get("calibration"),
                          "seconds": data["settings"].get("seconds"), "by_alpha": rows}
     return out
