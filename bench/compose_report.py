@@ -13,7 +13,8 @@ the sweep does not reach that PSNR: nothing is extrapolated). Speed is the model
 counted — EasyCache's skipped calls and Carnator's region calls included), which machine load
 cannot move; wall-time ratios of the same runs are copied beside it. EasyCache alone is read
 from every file's sweep for the workload at the same step count (it computes the same in every
-run of that N), a threshold taken from the first file that has it.
+run of that N), a threshold taken from the first file that has it. ``--sweeps FILE…`` adds
+files read for EasyCache alone's sweep only: an older run whose Carnator rows another gate made.
 Writes bench/results/easycache_compute.json and one plot per workload.
 """
 from __future__ import annotations
@@ -75,15 +76,18 @@ def rows_for(label: str, probe, systems: dict, curve) -> list[dict]:
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("results", nargs="+", help="bench/tinyworld.py result files")
+    ap.add_argument("--sweeps", nargs="+", default=[], metavar="JSON",
+                    help="result files read for EasyCache alone's sweep only (their Carnator rows are left out)")
     ap.add_argument("--out", default=os.path.join(REPO, "bench", "results", "easycache_compute.json"))
     ap.add_argument("--no-plots", action="store_true")
     a = ap.parse_args(argv)
     rows, alone = [], {}
     runs = []
-    for path in a.results:
+    for path in a.results + a.sweeps:
         with open(path) as f:
             data = json.load(f)
-        runs.append((path, data))
+        if path in a.results:
+            runs.append((path, data))
         for wl, systems in data["workloads"].items():
             key = curve_key(wl, data["settings"])
             known = {r["threshold"] for r in alone.get(key, [])}
@@ -110,9 +114,10 @@ def main(argv=None) -> dict:
     out = {"note": "speed = the model's own work (compute meter); EasyCache alone interpolated "
                    "in workload PSNR between the two thresholds that bracket it, never extrapolated",
            "easycache_alone": alone, "rows": rows,
-           "command": "python bench/compose_report.py " + " ".join(os.path.relpath(p, REPO) for p in a.results)}
+           "command": " ".join(["python bench/compose_report.py", *(os.path.relpath(p, REPO) for p in a.results),
+                                *(["--sweeps", *(os.path.relpath(p, REPO) for p in a.sweeps)] if a.sweeps else [])])}
     if not a.no_plots:
-        out["plots"] = plots(curves, rows, os.path.dirname(os.path.abspath(a.out)))
+        out["plots"] = plots(curves, rows, os.path.splitext(os.path.abspath(a.out))[0])
     os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
     with open(a.out, "w") as f:
         json.dump(out, f, indent=1)
@@ -125,7 +130,8 @@ def main(argv=None) -> dict:
     return out
 
 
-def plots(curves, rows, out_dir) -> list[str]:
+def plots(curves, rows, stem) -> list[str]:
+    """One plot per workload, named after the report: <stem>_<workload>.png."""
     from calibrate import _load_bench
     bench = _load_bench()
     paths = []
@@ -145,7 +151,7 @@ def plots(curves, rows, out_dir) -> list[str]:
                 alone_done.add(probe)
                 series.append((f"Carnator alone ({probe})", [(r["psnr_workload"], r["compute_speedup"])
                                                              for r in mine if r["system"] == "carnator"]))
-        path = os.path.join(out_dir, f"easycache_compute_{wl}.png")
+        path = f"{stem}_{wl}.png"
         bench._pil_plot(series, "workload PSNR (dB)", "speedup in model work (x)", path,
                         from_zero=False, legend="bottom left")
         paths.append(os.path.relpath(path, REPO))

@@ -5,6 +5,7 @@ Carnator hits on a workload of exact pairs, and the calibration pieces fit, save
 risk model the gate uses. The full runs stay out of CI (README, Results).
 """
 import json
+import os
 import math
 import random
 from pathlib import Path
@@ -280,17 +281,26 @@ def test_compose_report_matches_quality_on_easycache_s_own_sweep():
     assert mod.at_psnr(curve, 45.0) is None and mod.at_psnr(curve, 28.0) is None
 
 
+def _carnator_system() -> dict:
+    """A Carnator system of a bench/tinyworld.py result, as compose_report reads it."""
+    return {"psnr_workload": 40.0, "compute_speedup_workload": 1.9, "psnr_all_mean": 45.0,
+            "false_accept_rate": 0.02, "checker_accuracy": 0.96, "checker_accuracy_full": 0.97,
+            "workload_speedup": 1.5, "risk_budget": 0.05}
+
+
+def _easycache_sweep() -> dict:
+    """EasyCache alone at two thresholds: 43 dB at 1.4x, 37 dB at 1.8x."""
+    return {f"easycache_{t:g}": {"psnr_workload": p, "compute_speedup_workload": s, "easycache_threshold": t,
+                                 "workload_speedup": s, "checker_accuracy": 0.95}
+            for t, p, s in ((0.02, 43.0, 1.4), (0.05, 37.0, 1.8))}
+
+
 def test_compose_report_reads_easycache_only_at_the_run_s_step_count(tmp_path):
     """A 30-step run is never put beside EasyCache's 20-step sweep: both skip differently at
     another N, so without a 30-step sweep its rows say nothing about EasyCache. Sweeps of the
     same N in several files make one curve."""
     mod = repo_scripts.load("bench/compose_report.py", "bench_compose")
-    carnator = {"psnr_workload": 40.0, "compute_speedup_workload": 1.9, "psnr_all_mean": 45.0,
-                "false_accept_rate": 0.02, "checker_accuracy": 0.96, "checker_accuracy_full": 0.97,
-                "workload_speedup": 1.5, "risk_budget": 0.05}
-    sweep = {f"easycache_{t:g}": {"psnr_workload": p, "compute_speedup_workload": s, "easycache_threshold": t,
-                                  "workload_speedup": s, "checker_accuracy": 0.95}
-             for t, p, s in ((0.02, 43.0, 1.4), (0.05, 37.0, 1.8))}
+    carnator, sweep = _carnator_system(), _easycache_sweep()
     denser = {"easycache_0.04": {**sweep["easycache_0.05"], "psnr_workload": 40.0, "compute_speedup_workload": 1.5,
                                  "easycache_threshold": 0.04}}
     files = []
@@ -306,6 +316,21 @@ def test_compose_report_reads_easycache_only_at_the_run_s_step_count(tmp_path):
     # the 20-step sweeps of both files make one curve: 0.04 brackets 40 dB exactly
     assert [r["threshold"] for r in out["easycache_alone"]["serve"]] == [0.05, 0.04, 0.02]
     assert all(r["easycache_alone_at_this_psnr"] == pytest.approx(1.5) for r in out["rows"])
+
+
+def test_compose_report_reads_only_the_sweep_of_files_given_as_sweeps(tmp_path):
+    """An older run given with --sweeps lends EasyCache alone's curve (EasyCache alone computes
+    the same whatever gate ran beside it) but none of its Carnator rows, which another gate made."""
+    mod = repo_scripts.load("bench/compose_report.py", "bench_compose")
+    carnator, sweep = _carnator_system(), _easycache_sweep()
+    new, old = tmp_path / "new.json", tmp_path / "old.json"
+    new.write_text(json.dumps({"workloads": {"serve": {"carnator": carnator}}, "settings": {"probe_fraction": 0.05}}))
+    old.write_text(json.dumps({"workloads": {"serve": {"carnator": {**carnator, "compute_speedup_workload": 1.2},
+                                                       **sweep}}, "settings": {"probe_fraction": 0.05}}))
+    out = mod.main([str(new), "--sweeps", str(old), "--no-plots", "--out", str(tmp_path / "report.json")])
+    assert [r["compute_speedup"] for r in out["rows"]] == [1.9]  # the new run's row alone
+    assert out["rows"][0]["easycache_alone_at_this_psnr"] == pytest.approx(1.6)  # on the old run's sweep
+    assert out["command"].endswith(f"--sweeps {os.path.relpath(str(old), mod.REPO)}")
 
 
 def test_the_session_interval_widens_when_failures_cluster_in_sessions():
