@@ -2,6 +2,9 @@
 one PostgreSQL cache and once each with a private SQLite cache, side by side.
 
     nice -n 10 .venv/bin/python bench/farm.py --workers 3 --records   # the whole serve workload
+    # the same with the gate's recurring_sources off in both modes
+    nice -n 10 .venv/bin/python bench/farm.py --workers 3 --records --no-recurring-sources \
+        --out bench/results/farm_no_recurring_sources.json
 
 Request i goes to worker i mod N (a load balancer's round robin); the workers run at the
 same time, each on one thread, the committed tiny-world model and its bundled calibration for
@@ -32,7 +35,8 @@ sys.path.insert(0, str(ROOT))
 RESULTS = ROOT / "bench" / "results"
 
 
-def worker(location: str, lines: list[dict], local: str, probe_fraction: float) -> list[dict]:
+def worker(location: str, lines: list[dict], local: str, probe_fraction: float,
+           recurring_sources: bool = True) -> list[dict]:
     """Serve ``lines`` in order against the cache at ``location``; one record per request,
     with the gate's reason where no reuse served it and the entry each hit resumed from."""
     import importlib.util  # bench/tinyworld.py, not the tinyworld package it shares a name with
@@ -54,7 +58,8 @@ def worker(location: str, lines: list[dict], local: str, probe_fraction: float) 
         dst = calibration_file(folder, world.fingerprint, probe_fraction)
         dst.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(model_file, dst)
-    settings = ReuseSettings(probe_fraction=probe_fraction, gate=GateSettings(risk_budget=0.05),
+    settings = ReuseSettings(probe_fraction=probe_fraction,
+                             gate=GateSettings(risk_budget=0.05, recurring_sources=recurring_sources),
                              sparse=SparseSettings(enabled=False))
     out = []
     for ln in lines:
@@ -72,13 +77,13 @@ def worker(location: str, lines: list[dict], local: str, probe_fraction: float) 
 
 
 def run_mode(mode: str, lines: list[dict], n: int, tmp: Path, url: str | None,
-             probe_fraction: float) -> tuple[dict, list[dict]]:
+             probe_fraction: float, recurring_sources: bool = True) -> tuple[dict, list[dict]]:
     procs = []
     t0 = time.perf_counter()
     for w in range(n):
         share = [ln for ln in lines if ln["i"] % n == w]
         job = tmp / f"{mode}-{w}.json"
-        job.write_text(json.dumps(share))
+        job.write_text(json.dumps({"lines": share, "recurring_sources": recurring_sources}))
         location = url if mode == "shared" else str(tmp / f"private-{w}")
         env = {**os.environ, "OMP_NUM_THREADS": "1", "CARNATOR_CACHE_DIR": str(tmp / f"local-{mode}-{w}")}
         procs.append(subprocess.Popen([sys.executable, __file__, "--one", location, str(job), f"{probe_fraction:g}"],
@@ -158,12 +163,15 @@ def main() -> None:
                     help="the samplers' probe (default theirs); the bundled calibration for it gates both modes")
     ap.add_argument("--out", default=str(RESULTS / "farm.json"))
     ap.add_argument("--records", action="store_true", help="also write every request's record to the JSON")
+    ap.add_argument("--recurring-sources", action=argparse.BooleanOptionalAction, default=True,
+                    help="the gate's recurring_sources in both modes (default on, as the samplers')")
     ap.add_argument("--one", nargs=3, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.one:
         location, job, probe = args.one
-        print(json.dumps(worker(location, json.loads(Path(job).read_text()),
-                                os.environ["CARNATOR_CACHE_DIR"], float(probe))))
+        job = json.loads(Path(job).read_text())
+        print(json.dumps(worker(location, job["lines"], os.environ["CARNATOR_CACHE_DIR"], float(probe),
+                                job["recurring_sources"])))
         return
     from carnator_core.gate import DEFAULT_PROBE_FRACTION
     probe = DEFAULT_PROBE_FRACTION if args.probe_fraction is None else args.probe_fraction
@@ -173,12 +181,15 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="carnator-farm-") as tmp:
         cluster = PgCluster().start()
         try:
-            shared, shared_recs = run_mode("shared", lines, args.workers, Path(tmp), cluster.url("farm"), probe)
+            shared, shared_recs = run_mode("shared", lines, args.workers, Path(tmp), cluster.url("farm"), probe,
+                                           args.recurring_sources)
             recall = leave_one_out_recall(cluster.url("farm"))
         finally:
             cluster.stop(remove=True)
-        private, private_recs = run_mode("private", lines, args.workers, Path(tmp), None, probe)
+        private, private_recs = run_mode("private", lines, args.workers, Path(tmp), None, probe,
+                                         args.recurring_sources)
     result = {"workload": "serve", "limit": args.limit, "probe_fraction": probe, "alpha": 0.05,
+              "recurring_sources": args.recurring_sources,
               "rows": [shared, private], "lookup_recall_real_signatures": recall,
               "speedup_shared_vs_private": round(private["wall_s"] / shared["wall_s"], 3),
               "steps_shared_over_private": round(shared["steps_computed_share"]

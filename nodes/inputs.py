@@ -60,9 +60,9 @@ def finish_inputs() -> list:
         io.Boolean.Input("guided_finish", default=True, optional=True,
                          tooltip="A same-scene hit may compute only a few of the steps after k* and follow the matched entry's stored trajectory between them — where this model's calibration certified that finish at your risk budget and it computes less (else every step runs)."),
         io.Float.Input("min_saving", default=0.0, min=0.0, max=0.95, step=0.05, optional=True,
-                       tooltip="Reuse only when it saves at least this share of the steps; otherwise compute in full. Only requests computed in full are reused later, so when your prompts repeat (a service of popular prompts with seed_policy shared_noise) 0.5 keeps every new scene a source and its later rewordings reuse it 3× cheaper; editing one prompt: 0 (every edit reuses)."),
+                       tooltip="Reuse only when it saves at least this share of the steps; otherwise compute in full and become a source (only requests computed in full are reused later). Default 0: every certified reuse runs. On the bundled tiny world every hit at α = 5% saves more than half, so 0.5 changes nothing there; at α = 2% it runs most requests in full."),
         io.Boolean.Input("recurring_sources", default=GateSettings.recurring_sources, optional=True,
-                         tooltip="When a scene is asked again and its first request was served by reusing another scene (so it is no source), compute this one in full so the scene's later requests reuse their own scene — only where that reuse is certified and cheaper. Spends a full computation only on scenes seen twice."),
+                         tooltip="When a scene is asked again and its first request was served by reusing another scene (so it is no source), compute this one in full so the scene's later requests reuse their own scene — only where that reuse is certified and cheaper. Keep on when editing: off, a session returning to a scene repeats a failing reuse. A service without editing sessions computes fewer steps with it off (more, shallower hits)."),
     ]
 
 

@@ -103,6 +103,7 @@ def test_farm_benchmark_explains_every_request_by_its_records(tmp_path):
     run(["bench/farm.py", "--workers", "2", "--limit", "8", "--records", "--out", str(target)])
     got = json.loads(target.read_text())
     assert got["probe_fraction"] == 0.05 and got["steps_shared_over_private"] > 0
+    assert got["recurring_sources"] is True  # the samplers' default gate, said in the result
     for row in got["rows"]:
         recs = got["records"][row["mode"]]
         assert len(recs) == row["requests"] == 8 and {r["worker"] for r in recs} == {0, 1}
