@@ -217,6 +217,16 @@ def test_cheap_calibration_benchmark_parses_its_arguments():
     assert printed.startswith("usage:") and "--budgets" in printed and "--paraphrase-share" in printed
 
 
+def test_cheap_calibration_refuses_the_bundled_ladder_on_the_bundled_model_s_own_pairs(tmp_path):
+    """The bundled calibration's thresholds were certified on the bundled model's held-out
+    pairs: transferring them as they are is only checked against another model's calibration."""
+    out = subprocess.run([sys.executable, "bench/studies/cheap_calibration.py", "--bundled-ladder", "--no-cost-rows",
+                          "--budgets", "1", "--folder", str(tmp_path), "--out", str(tmp_path / "x.json")],
+                         cwd=REPO, capture_output=True, text=True, timeout=180)
+    assert out.returncode != 0 and "--heldout-is-full" in out.stderr, out.stderr[-2000:]
+    assert not (tmp_path / "x.json").exists()
+
+
 def test_cheap_served_runs_a_workload_on_a_budgets_calibration_and_compares_it_with_the_full(tmp_path):
     """bench/studies/cheap_served.py serves a workload with the file the cheap calibration
     certified at 100 generation-equivalents: at α = 5%, where that file certifies nothing, the

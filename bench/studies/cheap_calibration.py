@@ -10,6 +10,8 @@ budgets and checked on the full calibration's held-out measured pairs.
         --heldout $S/region_finish4_calibration/calibration_measurements.{0,1}-of-2.jsonl --heldout-is-full \
         --full $S/region_finish4_calibration/calibration/95bcddd80de138d9f8c7b1ce75fb36bb.probe0.05.json \
         --out $S/caption_cheap.json   # and --easycache 0.02 (to 250) with $S/lang2_region4_easycache_calibration/
+    # the same with the ladder Carnator Calibrate transfers (the bundled calibration's own thresholds):
+    #   … --bundled-ladder --no-cost-rows --folder $S/caption_cheap_bundled_ladder --out $S/caption_cheap_bundled_ladder.json
 
 One calibration, continued budget by budget as a user would continue it (25, then the same
 command at 50, 100, 200, 400: the progress file keeps what was measured), read after each: what
@@ -110,10 +112,13 @@ def full_calibration() -> tuple[list[dict], list[dict]]:
     return CAL.split(instances, CAL.CERTIFY_SHARE)
 
 
-def transferred_model(train: list[dict]):
-    """The bundled ranking with thresholds certified on the full calibration's fit part."""
+def transferred_model(train: list[dict], as_bundled: bool = False):
+    """The bundled ranking with thresholds certified on the full calibration's fit part; with
+    ``as_bundled`` the bundled calibration itself, as Carnator Calibrate transfers it."""
     from carnator_core.gate import RiskModel
     bundled = RiskModel.load(BUNDLED)
+    if as_bundled:
+        return bundled, bundled
     model = dataclasses.replace(bundled)
     CAL.certify_model(model, train, joint=True, max_region_fraction=0.5)
     model.source = ("the bundled tiny-world ranking (signed form, fitted on the full calibration's fit part), "
@@ -160,6 +165,9 @@ def main(argv=None) -> dict:
                     help="paraphrase pairs the pool opens with (default: cheap.paraphrase_lead(); 0: none)")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--no-cost-rows", action="store_true", help="leave bench/results/calibration_cost.json alone")
+    ap.add_argument("--bundled-ladder", action="store_true",
+                    help="transfer the bundled calibration as it is (its thresholds the ladder), as Carnator "
+                         "Calibrate does; only with --heldout of another model, whose labels it never saw")
     ap.add_argument("--folder", default=FOLDER, help="where the measurements and the calibration go")
     ap.add_argument("--out", default=OUT)
     ap.add_argument("--model", default=None, help="calibrate this model (default: the bundled tiny world)")
@@ -177,6 +185,9 @@ def main(argv=None) -> dict:
                     help="with --heldout: the calibration whose saved steps the kept share is counted "
                          "against (default: the bundled one)")
     a = ap.parse_args(argv)
+    if a.bundled_ladder and not a.heldout_is_full:
+        raise SystemExit("--bundled-ladder: the bundled thresholds were certified on this model's held-out "
+                         "pairs; give another model's full calibration (--heldout … --heldout-is-full)")
     t_start = time.time()
     from calibrate import _load_bench
     bench = _load_bench()
@@ -189,7 +200,7 @@ def main(argv=None) -> dict:
     settings = ReuseSettings(probe_fraction=PROBE, gate=GateSettings(), region_fill_on_m=True, region_margin=1,
                              other_finish_calls=4, other_finish_region=True)
     train, held = full_calibration()
-    bundled, transferred = transferred_model(train)
+    bundled, transferred = transferred_model(train, a.bundled_ladder)
     reference = bundled
     if a.heldout:  # checked elsewhere (another size), against another full calibration
         from carnator_core.gate import RiskModel
