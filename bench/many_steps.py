@@ -6,6 +6,9 @@
     setsid nohup sh -c '.venv/bin/python bench/many_steps.py && .venv/bin/python bench/many_steps.py \
         --workloads iterate serve iterate_replicate novel --steps 50' > /tmp/many_steps.log 2>&1 &
     .venv/bin/python bench/many_steps.py --limit 12 --steps 20 --out /tmp/many.json  # a quick look
+    # one N served with another calibration (e.g. refitted with --delta: every cell at once)
+    .venv/bin/python bench/many_steps.py --steps 30 --risk-model DIR/calibration/<fingerprint>.probe0.05.json \
+        --out bench/results/studies/many_steps_n30_simultaneous.json
 
 Each (workload, N) is one run of bench/tinyworld.py in a subprocess (probe 0.05, ``--risk-model
 auto``: the bundled calibration measured at that N, budgets 0.02 / 0.05 / 0.1, per-request
@@ -325,7 +328,7 @@ def measure(workload: str, steps: int, a, part_path: str) -> float:
     """One bench/tinyworld.py run in a subprocess; its seconds."""
     cmd = [sys.executable, os.path.join(REPO, "bench", "tinyworld.py"), workload,
            "--model", a.model, "--steps", str(steps), "--probe-fraction", f"{a.probe_fraction:g}",
-           "--risk-model", "auto", "--budgets", *[f"{b:g}" for b in a.budgets],
+           "--risk-model", a.risk_model, "--budgets", *[f"{b:g}" for b in a.budgets],
            "--main-budget", f"{a.budgets[len(a.budgets) // 2]:g}", "--records", "--no-plots",
            "--no-sparse-system", "--threads", str(a.threads), "--out", part_path,
            # the text-similarity baseline at one threshold only: this question needs none, and
@@ -389,6 +392,9 @@ def main(argv=None) -> dict:
     ap.add_argument("--steps", type=int, nargs="+", default=[20, 30, 50], help="the N to measure at")
     ap.add_argument("--budgets", type=float, nargs="+", default=list(BUDGETS))
     ap.add_argument("--probe-fraction", type=float, default=0.05)
+    ap.add_argument("--risk-model", default="auto", metavar="JSON",
+                    help="the calibration to serve with (default auto: the bundled one for each N); one "
+                         "file serves one N, as measured with it")
     ap.add_argument("--model", default=DEFAULT_MODEL)
     ap.add_argument("--threads", type=int, default=1, help="torch threads of each run")
     ap.add_argument("--limit", type=int, default=None, help="first requests of each workload only")
@@ -418,8 +424,11 @@ def main(argv=None) -> dict:
             workload = os.path.splitext(os.path.basename(given))[0]  # bench/tinyworld.py's name for it
             key = f"{workload}/n{steps}"
             fingerprint = fingerprint_of(results, a.model)  # None: no part yet, nothing to skip
-            expected = calibration_block(calibration_for(fingerprint, a.probe_fraction, steps),
-                                         a.budgets) if fingerprint else None
+            if a.risk_model != "auto":
+                expected = calibration_block(os.path.abspath(a.risk_model), a.budgets)
+            else:
+                expected = calibration_block(calibration_for(fingerprint, a.probe_fraction, steps),
+                                             a.budgets) if fingerprint else None
             requests = sha256(workload_file(given))
             why = "--force" if a.force else stale(results["runs"].get(key), expected, a.limit, requests)
             if why is None:

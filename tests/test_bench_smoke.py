@@ -183,6 +183,7 @@ def test_many_steps_runner_parses_its_arguments():
     """bench/many_steps.py starts: its options parse."""
     printed = run(["bench/many_steps.py", "--help"], timeout=180)
     assert printed.startswith("usage:") and "--workloads" in printed and "--force" in printed
+    assert "--risk-model" in printed
 
 
 def test_online_certification_benchmark_smoke(tmp_path):
@@ -215,6 +216,21 @@ def test_cheap_calibration_benchmark_parses_its_arguments():
     """bench/studies/cheap_calibration.py starts: its options parse."""
     printed = run(["bench/studies/cheap_calibration.py", "--help"], timeout=180)
     assert printed.startswith("usage:") and "--budgets" in printed and "--paraphrase-share" in printed
+
+
+def test_cheap_calibration_same_scene_ladder_walks_the_strict_budgets_from_its_first_point():
+    """--same-scene-ladder: the same-scene points are the ones given, α = 5% and 10% start at the
+    shallowest, and the edits' ladder is the transferred one."""
+    sys.path.insert(0, str(REPO / "bench" / "studies"))
+    import cheap_calibration as CCAL
+    from carnator_core.calibration import cheap
+    from carnator_core.gate import RiskModel
+    bundled = RiskModel.load(CCAL.BUNDLED)
+    got, was = cheap.ladder_of(CCAL.with_same_scene_ladder(bundled, [0.7, 0.5, 0.8])), cheap.ladder_of(bundled)
+    assert got.points["same_scene"] == [0.5, 0.7, 0.8] != was.points["same_scene"]
+    assert got.start["same_scene"]["0.05"] == got.start["same_scene"]["0.1"] == 0
+    assert {c: p for c, p in got.points.items() if c != "same_scene"} == \
+        {c: p for c, p in was.points.items() if c != "same_scene"}
 
 
 def test_cheap_calibration_refuses_the_bundled_ladder_on_the_bundled_model_s_own_pairs(tmp_path):

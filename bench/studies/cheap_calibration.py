@@ -12,6 +12,8 @@ budgets and checked on the full calibration's held-out measured pairs.
         --out $S/caption_cheap.json   # and --easycache 0.02 (to 250) with $S/lang2_region4_easycache_calibration/
     # the same with the ladder Carnator Calibrate transfers (the bundled calibration's own thresholds):
     #   … --bundled-ladder --no-cost-rows --folder $S/caption_cheap_bundled_ladder --out $S/caption_cheap_bundled_ladder.json
+    # and with a shallower same-scene depth tested first (α = 5% and 10% walk 0.5 → 0.7 → 0.8):
+    #   … --bundled-ladder --same-scene-ladder 0.5 0.7 0.8 --no-cost-rows --folder $S/caption_cheap_shallow_same_scene …
 
 One calibration, continued budget by budget as a user would continue it (25, then the same
 command at 50, 100, 200, 400: the progress file keeps what was measured), read after each: what
@@ -126,6 +128,22 @@ def transferred_model(train: list[dict], as_bundled: bool = False):
     return bundled, model
 
 
+def with_same_scene_ladder(model, points: list[float]):
+    """``model`` with its same-scene thresholds replaced so that ``cheap.ladder_of`` reads
+    ``points`` as the same-scene ladder: the budgets up to 10% start at the first point (a
+    riskier model than the one the ranking came from may only hold a shallower depth), 20% at
+    the second, the looser budgets at the last."""
+    points = sorted(float(p) for p in points)
+    table = {}
+    for a in cheap.CHEAP_BUDGETS:
+        table[f"{a:g}"] = points[0] if a <= 0.1 else points[min(1, len(points) - 1)] if a <= 0.2 else points[-1]
+    thresholds = {k: (dict(table) if cheap.class_of_option(k) == "same_scene" else v)
+                  for k, v in model.thresholds.items()}
+    out = dataclasses.replace(model, thresholds=thresholds)
+    out.source = model.source + f"; same-scene ladder {points}"
+    return out
+
+
 def hit_steps(d: dict, probe_steps: int) -> float:
     """Model steps of a hit: the probe, the fill of M, and the finish after k (fit._cost)."""
     return probe_steps + float(d.get("fill_steps") or 0.0) + CAL._cost(d)
@@ -184,6 +202,10 @@ def main(argv=None) -> dict:
     ap.add_argument("--full", default=None, metavar="JSON",
                     help="with --heldout: the calibration whose saved steps the kept share is counted "
                          "against (default: the bundled one)")
+    ap.add_argument("--same-scene-ladder", type=float, nargs="+", default=None, metavar="DEPTH",
+                    help="test these same-scene depth shares instead of the transferred ones: α = 5%% and "
+                         "10%% walk them from the first (α = 20%% from the second, looser budgets from the "
+                         "last). A guided finish computes the same calls from any of them")
     a = ap.parse_args(argv)
     if a.bundled_ladder and not a.heldout_is_full:
         raise SystemExit("--bundled-ladder: the bundled thresholds were certified on this model's held-out "
@@ -201,6 +223,8 @@ def main(argv=None) -> dict:
                              other_finish_calls=4, other_finish_region=True)
     train, held = full_calibration()
     bundled, transferred = transferred_model(train, a.bundled_ladder)
+    if a.same_scene_ladder:
+        transferred = with_same_scene_ladder(transferred, a.same_scene_ladder)
     reference = bundled
     if a.heldout:  # checked elsewhere (another size), against another full calibration
         from carnator_core.gate import RiskModel
