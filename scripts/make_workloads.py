@@ -41,6 +41,10 @@ comparisons never have to read prose back (a speed word, for one, is in the prom
   vocabulary (tinyworld.language.CALIBRATION_IGNORED_WORDS), a third the same scene, the rest
   one or two edits of the whole scene grammar apart (bench/calibrate.py --workload
   calibration_wording).
+- calibration_untrained_wording.jsonl: 240 more pairs of the same kinds, groups after
+  calibration_wording's, each side worded in structures the model was never trained on and no
+  workload uses (tinyworld.language.UNTRAINED_CALIBRATION_FAMILIES) with the calibration's own
+  ignored words: what people's phrasings are to a real model.
 - unseen_edits.jsonl: editing sessions (fixed seed each, mostly two objects) of edits neither
   iterate's generator nor the calibration makes, every prompt in wording no other workload uses:
   a position or motion flip (either axis) with a full rewording, the colours of two objects
@@ -448,6 +452,31 @@ def wording_pairs(n_pairs=240, first_group=0, exclude=(), seed=3232, first_seed=
                         lambda edits: "worded_edit" if edits else "worded_paraphrase")
 
 
+def _untrained_caption(scene, rng):
+    """A phrasing of ``scene`` in structures the model was never trained on and no workload uses
+    (tinyworld.language.UNTRAINED_CALIBRATION_FAMILIES), with one to three of the calibration's
+    own ignored words, room left for them where the encoder's window allows it."""
+    LANG = _language()
+    for room in (6, 4, 2, 0):
+        try:
+            got = LANG.compose(scene, rng, LANG.UNTRAINED_CALIBRATION_FAMILIES, LANG.MAX_TOKENS - room)
+            break
+        except ValueError:
+            continue
+    else:
+        raise ValueError(f"no untrained phrasing of {scene['objects']} fits the encoder")
+    return LANG.with_ignored_words(got, rng, vocabulary=LANG.CALIBRATION_IGNORED_WORDS)
+
+
+def untrained_wording_pairs(n_pairs=240, first_group=0, exclude=(), seed=3333, first_seed=2_300_000):
+    """wording_pairs' kinds (a third the same scene, the rest one or two edits apart), each side
+    worded in structures the model never learned: what people's own phrasings are to a real
+    model, which the calibration's other pairs (worded as the model was trained) cannot show."""
+    return _pairs_apart(n_pairs, first_group, exclude, seed, first_seed,
+                        lambda i, rng: rng.choice((1, 1, 2)) if i % 3 else 0, _untrained_caption,
+                        lambda edits: "untrained_edit" if edits else "untrained_paraphrase")
+
+
 # ------------------------------------------------------------------ unseen_edits
 # Wording for unseen_edits: the training families of tinyworld.language (no other workload
 # draws from them; iterate, novel and the calibration write world.caption(), serve_reworded the
@@ -599,10 +628,14 @@ def workloads() -> dict:
     worded = wording_pairs(first_group=1 + max(x["group"] for x in edits),
                            exclude=held | {x["prompt"] for x in unseen + sum(fresh.values(), [])})
     assert not {x["seed"] for x in worded} & {x["seed"] for x in cal + it + sv + nv + replicate + more + dr + unseen + edits}
+    untrained = untrained_wording_pairs(first_group=1 + max(x["group"] for x in worded),
+                                        exclude=held | {x["prompt"] for x in unseen + sum(fresh.values(), [])})
+    assert not {x["seed"] for x in untrained} & {x["seed"] for x in cal + it + sv + nv + replicate + more + dr
+                                                 + unseen + edits + worded}
     return {"iterate": it, "serve": sv, "novel": nv, "calibration": cal, "drift": dr,
             "iterate_replicate": replicate, "calibration_paraphrases": more,
             "serve_reworded": reworded(sv), "unseen_edits": unseen, "calibration_edits": edits,
-            **fresh, "calibration_wording": worded}
+            **fresh, "calibration_wording": worded, "calibration_untrained_wording": untrained}
 
 
 def main(argv=None):

@@ -183,6 +183,22 @@ def test_held_out_words_all_occur_in_training_phrasings(train_sample, held_sampl
     assert literal <= seen, sorted(literal - seen)
 
 
+def test_untrained_calibration_families_lie_outside_the_split_in_training_words(train_sample):
+    """The calibration's untrained structures: neither trained on nor held out (so no workload's
+    and no training caption's), every phrasing exactly its scene, every word a training word."""
+    own = set(LANG.UNTRAINED_CALIBRATION_FAMILIES) - {"surface.lower", "surface.sentence"}
+    assert own and not own & set(LANG.ALL_FAMILIES)
+    assert {LANG.family_kind(f) for f in own} == {"clause", "joiner", "frame"}
+    sample = phrasings(LANG.UNTRAINED_CALIBRATION_FAMILIES, 400, 4)
+    assert set().union(*(used_families(p) for _, p in sample)) == set(LANG.UNTRAINED_CALIBRATION_FAMILIES)
+    seen = set().union(*(words(p.text) for _, p in train_sample))
+    for scene, p in sample:
+        assert_describes(p, scene)
+        assert words(p.text) <= seen, sorted(words(p.text) - seen)
+    with pytest.raises(ValueError):
+        LANG.training_caption(sample[0][0], random.Random(0), 1.0, tuple(own) + ("surface.lower",))
+
+
 def test_phrasings_fit_the_encoder(train_sample, held_sample):
     texts = [p.text for _, p in train_sample + held_sample]
     assert max(TXT.token_counts(texts)) <= TXT.TEXT_LEN - 1

@@ -118,6 +118,9 @@ CLAUSES: Dict[str, Tuple[str, ...]] = {
     # revision 2 (training)
     "clause.located": ("{np}, located {p}, {v}", "{np} positioned {p} {v}"),
     "clause.appears": ("{np} appears {p} and {v}", "{np} can be seen {p}, {ving}"),
+    # calibration only (never trained on, no workload's)
+    "clause.which_is": ("{np} which {v} is {p}", "{np} that {v}, {pb}"),
+    "clause.colon": ("{np}: {p}, {ving}", "{np}: {pb}, {ving}"),
 }
 JOINERS: Dict[str, Tuple[str, ...]] = {
     "join.and": ("{a} and {b}", "{a}, and {b}", "{a}, and also {b}"),
@@ -133,6 +136,9 @@ JOINERS: Dict[str, Tuple[str, ...]] = {
     # revision 2 (training)
     "join.sentence_adverb": ("{a}. then, {b}", "{a}. in addition, {b}", "{a}. besides, {b}"),
     "join.plus": ("{a}, plus {b}", "{a}, and in addition {b}"),
+    # calibration only
+    "join.and_then": ("{a} and then {b}", "{a}, and then {b}"),
+    "join.comma": ("{a}, {b}",),
 }
 FRAMES: Dict[str, Tuple[str, ...]] = {
     "frame.clip": ("in this clip, {x}", "in the video, {x}", "{x} in this clip"),
@@ -143,6 +149,8 @@ FRAMES: Dict[str, Tuple[str, ...]] = {
     "frame.background_after": ("{x}. the background is plain grey", "{x} (plain grey background)"),
     # revision 2 (training)
     "frame.shows": ("the clip shows how {x}", "this video: {x}", "watch as {x}"),
+    # calibration only
+    "frame.video_of": ("a video of how {x}", "video of {x}"),
 }
 SURFACES = ("surface.lower", "surface.sentence",  # training
             "surface.title", "surface.emphasis")  # held out
@@ -160,7 +168,15 @@ HELD_OUT_FAMILIES: Tuple[str, ...] = (
 # recipe reproduces the steps trained on it (scripts/retrain_language.sh).
 ADDED_IN_REVISION_2: Tuple[str, ...] = (
     "clause.located", "clause.appears", "join.sentence_adverb", "join.plus", "frame.shows")
-ALL_FAMILIES: Tuple[str, ...] = tuple(CLAUSES) + tuple(JOINERS) + tuple(FRAMES) + SURFACES
+# Structures no model is trained on and no workload is written in, for calibration pairs worded
+# the way the model was never taught (as people's own prompts are to a real model); the
+# fresh-wording workloads keep the held-out families. Outside the training/held-out split.
+UNTRAINED_CALIBRATION_FAMILIES: Tuple[str, ...] = (
+    "clause.which_is", "clause.colon", "join.and_then", "join.comma", "frame.video_of",
+    "surface.lower", "surface.sentence")
+_CALIBRATION_ONLY = tuple(f for f in UNTRAINED_CALIBRATION_FAMILIES if not f.startswith("surface."))
+ALL_FAMILIES: Tuple[str, ...] = tuple(
+    f for f in tuple(CLAUSES) + tuple(JOINERS) + tuple(FRAMES) + SURFACES if f not in _CALIBRATION_ONLY)
 TRAIN_FAMILIES: Tuple[str, ...] = tuple(f for f in ALL_FAMILIES if f not in HELD_OUT_FAMILIES)
 TRAIN_FAMILIES_REVISION_1: Tuple[str, ...] = tuple(
     f for f in TRAIN_FAMILIES if f not in ADDED_IN_REVISION_2)
@@ -420,8 +436,8 @@ def training_caption(scene: dict, rng: random.Random, broad_share: float,
     (the training families of the revision trained on), else ``world.caption``'s own
     paraphrase (so the committed language stays in the mix)."""
     from . import world as WD
-    if set(families) & set(HELD_OUT_FAMILIES):
-        raise ValueError("training captions never use the held-out families")
+    if set(families) & (set(HELD_OUT_FAMILIES) | set(_CALIBRATION_ONLY)):
+        raise ValueError("training captions never use the held-out or calibration-only families")
     if rng.random() < broad_share:
         return phrase(scene, rng, families)
     return WD.caption(scene, rng)
