@@ -169,15 +169,20 @@ def fresh_wording(lines: list[dict], seed: int) -> list[dict]:
     the world ignores added (tinyworld.language.with_ignored_words: speed, shade, filler)."""
     from tinyworld import language as LANG
     rng = random.Random(seed)
+    return [dict(ln, prompt=LANG.with_ignored_words(
+        _phrasing_with_room(ln["scene"], rng, LANG.HELD_OUT_FAMILIES, "held-out"), rng)) for ln in lines]
 
-    def phrasing(scene):  # leave the ignored words room where the encoder's window allows it
-        for room in (6, 4, 2, 0):
-            try:
-                return LANG.compose(scene, rng, LANG.HELD_OUT_FAMILIES, LANG.MAX_TOKENS - room)
-            except ValueError:
-                continue
-        raise ValueError(f"no held-out phrasing of {scene['objects']} fits the encoder")
-    return [dict(ln, prompt=LANG.with_ignored_words(phrasing(ln["scene"]), rng)) for ln in lines]
+
+def _phrasing_with_room(scene, rng, families, name):
+    """A phrasing of ``scene`` from ``families`` that leaves ignored words room where the
+    encoder's window allows it (6, 4, 2 tokens, else none)."""
+    from tinyworld import language as LANG
+    for room in (6, 4, 2, 0):
+        try:
+            return LANG.compose(scene, rng, families, LANG.MAX_TOKENS - room)
+        except ValueError:
+            continue
+    raise ValueError(f"no {name} phrasing of {scene['objects']} fits the encoder")
 
 
 CALIBRATION_KINDS = tuple(k for k in WD.PAIR_KINDS if k != "identical")
@@ -457,14 +462,7 @@ def _untrained_caption(scene, rng):
     (tinyworld.language.UNTRAINED_CALIBRATION_FAMILIES), with one to three of the calibration's
     own ignored words, room left for them where the encoder's window allows it."""
     LANG = _language()
-    for room in (6, 4, 2, 0):
-        try:
-            got = LANG.compose(scene, rng, LANG.UNTRAINED_CALIBRATION_FAMILIES, LANG.MAX_TOKENS - room)
-            break
-        except ValueError:
-            continue
-    else:
-        raise ValueError(f"no untrained phrasing of {scene['objects']} fits the encoder")
+    got = _phrasing_with_room(scene, rng, LANG.UNTRAINED_CALIBRATION_FAMILIES, "untrained")
     return LANG.with_ignored_words(got, rng, vocabulary=LANG.CALIBRATION_IGNORED_WORDS)
 
 
