@@ -179,6 +179,10 @@ def main(argv=None) -> dict:
     ap.add_argument("--results", default=RESULTS)
     ap.add_argument("--instances", nargs="+", default=None,
                     help="re-fit from saved measurement files instead of measuring")
+    ap.add_argument("--stratum", nargs="+", action="append", default=None, metavar="JSONL",
+                    help="with --instances: measurements of pairs drawn from another population (e.g. "
+                         "worded as your traffic is); each use adds one stratum, and every threshold "
+                         "is certified in each stratum and in --instances' pairs alike")
     ap.add_argument("--shard", default=None, metavar="I/N",
                     help="measure only pair groups i, i+N, … (run N of these in parallel, then "
                          "re-fit from their measurement files with --instances)")
@@ -242,6 +246,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--form", choices=RISK_FORMS, default="interaction",
                     help="risk model form (carnator_core.gate.RiskModel.fit)")
     a = ap.parse_args(argv)
+    if a.stratum and not a.instances:
+        ap.error("--stratum adds measured pairs to --instances' (measure each population first)")
 
     if "bench_tw" not in sys.modules:
         _load_bench()
@@ -273,6 +279,9 @@ def main(argv=None) -> dict:
     ledger = CostLedger()
     if a.instances:
         instances = [i for path in a.instances for i in CAL.load_instances(path)]
+        for number, paths in enumerate(a.stratum or [], 1):  # --instances' pairs are stratum 0
+            stratum = [dict(i, stratum=str(number)) for path in paths for i in CAL.load_instances(path)]
+            instances = [dict(i, stratum="0") for i in instances] + stratum if number == 1 else instances + stratum
         if a.same_scene_from:
             instances = with_same_scene_from(instances, [i for path in a.same_scene_from
                                                          for i in CAL.load_instances(path)])

@@ -6,6 +6,7 @@
     # rows from runs already made (bench/tinyworld.py --records results), nothing measured:
     .venv/bin/python bench/wording.py --from bench/results/tinyworld.json
     .venv/bin/python bench/wording.py --workloads serve_fresh --limit 12 --out /tmp/w.json  # a look
+    # served with another calibration (a study's): --risk-model DIR/calibration/<fingerprint>.probe0.05.json
 
 Each workload runs as bench/tinyworld.py with per-request records (probe 0.05, the bundled
 calibration for N, budgets 0.02 / 0.05 / 0.1, no sparse system, no plots) into ``--parts``.
@@ -92,6 +93,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--steps", type=int, default=20)
     runner = _script("many_steps")  # runs each workload as many_steps does: same command, same settings
     ap.add_argument("--model", default=runner.DEFAULT_MODEL)
+    ap.add_argument("--risk-model", default="auto", metavar="JSON",
+                    help="the calibration to serve with (default: the bundled one for this model, probe and N)")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--limit", type=int, default=None)
     ap.add_argument("--out", default=os.path.join(RESULTS, "wording.json"))

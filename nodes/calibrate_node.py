@@ -63,6 +63,8 @@ class CarnatorCalibrate(io.ComfyNode):
                                tooltip="Stop measuring new pairs once this much model work is spent, in generation-equivalents (1 = one full generation at these steps and size, or at served_latent's size when connected; a pair costs about 2 + 7). The pair in progress is finished, what was measured is fitted, and running it again with a larger budget continues. 0: no limit."),
                 io.Latent.Input("served_latent", optional=True,
                                 tooltip="An empty latent of the size you generate, when latent_image is a smaller proxy: budget_generations and the report count model work in generations of this size (by token rows). The calibration is still measured at latent_image's size, and requests of this size are told so."),
+                io.String.Input("traffic_prompts", multiline=True, default="", optional=True,
+                                tooltip="Prompts worded as your users write (same format as prompts; full procedure only). As many pairs again are made from them, and every budget is certified on them and on the prompts' pairs alike: α then holds on each, not only on their mix. Empty: one population."),
             ],
             outputs=[io.String.Output("report", tooltip="Pairs and reuses measured, certified budgets, the held-out check.")],
             hidden=[io.Hidden.unique_id, io.Hidden.prompt],
@@ -75,9 +77,12 @@ class CarnatorCalibrate(io.ComfyNode):
                 cache=None, low_noise_model=None, switch_step=0,
                 switch_sigma=WAN22_SWITCH_SIGMA, probe_fraction=DEFAULT_PROBE_FRACTION,
                 fill_region_on_its_tokens=False, region_margin=0, procedure="full",
-                budget_generations=0.0, served_latent=None) -> io.NodeOutput:
+                budget_generations=0.0, served_latent=None, traffic_prompts="") -> io.NodeOutput:
         folder = (cache or {}).get("folder") or default_cache_folder()
         transferred, text_of = None, report_text
+        if procedure == "cheap" and (traffic_prompts or "").strip():
+            raise ValueError("traffic_prompts works with procedure 'full': the cheap procedure certifies "
+                             "one population of pairs; clear traffic_prompts or choose 'full'")
         if procedure == "cheap":  # the ranking's own recipe: its evidence means what it meant there
             transferred = RiskModel.load(BUNDLED_CALIBRATIONS / cheap.BUNDLED_RANKING)
             settings = cheap.settings_for(transferred, probe_fraction)
@@ -87,6 +92,9 @@ class CarnatorCalibrate(io.ComfyNode):
             settings.region_fill_on_m = bool(fill_region_on_its_tokens)
             settings.region_margin = int(region_margin) if fill_region_on_its_tokens else 0
             chosen = prompt_pairs.pairs_from_text(prompts, pairs, seed=first_seed)
+            if (traffic_prompts or "").strip():
+                chosen = prompt_pairs.with_traffic(chosen, prompt_pairs.pairs_from_text(
+                    traffic_prompts, pairs, seed=first_seed + 1))
         tolerance = Tolerance(psnr_bound, "frames" if vae is not None else "latent")
         _, report = calibrate_model(model, clip, latent_image, chosen, steps, cfg, sampler_name,
                                     scheduler, tolerance, folder, settings, vae=vae, seed=first_seed,

@@ -20,6 +20,10 @@ with the total. ``--budget-generations B`` stops starting new pairs once B is sp
 in progress is finished) and fits what was measured; run it again with a larger B and it
 continues, counting what was already spent (kept in the progress file).
 
+``--traffic-prompts FILE``: prompts worded as your users write. As many pairs again are made
+from them and every budget is certified on them and on the ``--prompts`` pairs alike, so α
+holds on each population, not only on their mix (the report checks each).
+
 ``--procedure cheap --budget-generations B`` runs the cheap calibration instead
 (carnator_core/calibration/cheap.py): the risk ranking of a calibrated model (``--transfer``,
 default the bundled tiny world's) is kept, only its thresholds are certified on this model,
@@ -65,7 +69,8 @@ def calibrate_one(model_path: str, latent: str, steps: int, cfg: float, pairs: i
                   switch_sigma: float = 0.875, probe_fraction: float | None = DEFAULT_PROBE_FRACTION,
                   fill_on_m: bool = False, region_margin: int = 0,
                   budget_generations: float = 0.0, procedure: str = "generic",
-                  transfer: str | None = None, served_latent: str | None = None) -> dict:
+                  transfer: str | None = None, served_latent: str | None = None,
+                  traffic_prompts: str = "") -> dict:
     import comfy.sd
     import torch
     from carnator_core.calibration import pairs as prompt_pairs
@@ -82,6 +87,8 @@ def calibrate_one(model_path: str, latent: str, steps: int, cfg: float, pairs: i
         return {"samples": torch.zeros((1,) + tuple(int(x) for x in text.lower().split("x")))}
     served = empty(served_latent) if served_latent else None
     transferred, text = None, report_text
+    if procedure == "cheap" and traffic_prompts:
+        raise SystemExit("--traffic-prompts is for the generic procedure: the cheap one certifies one population")
     if procedure == "cheap":
         from carnator_core.calibration import cheap
         from carnator_core.gate import RiskModel
@@ -96,6 +103,9 @@ def calibrate_one(model_path: str, latent: str, steps: int, cfg: float, pairs: i
         settings = ReuseSettings(probe_fraction=probe_fraction or DEFAULT_PROBE_FRACTION, region_fill_on_m=fill_on_m,
                                  region_margin=region_margin if fill_on_m else 0)
         chosen = prompt_pairs.pairs_from_text(prompts, pairs or 60, seed=seed)
+        if traffic_prompts:
+            chosen = prompt_pairs.with_traffic(chosen, prompt_pairs.pairs_from_text(
+                traffic_prompts, pairs or 60, seed=seed + 1))
     t0 = time.time()
     print(f"  {model_path}: calibrating ({procedure}) {len(chosen)} pairs …", flush=True)
     _, report = calibrate_model(model, clip, empty(latent), chosen, steps, cfg,
@@ -121,6 +131,10 @@ def main() -> int:
     ap.add_argument("--pairs", type=int, default=None,
                     help="prompt pairs to measure (default 60; cheap: as many as the budget can start)")
     ap.add_argument("--prompts", default=None, help="a text file: one prompt per line, or 'A || B' pairs")
+    ap.add_argument("--traffic-prompts", default=None, metavar="FILE",
+                    help="prompts worded as your users write (same format as --prompts): as many pairs "
+                         "again are made from them, and every budget is certified on them and on the "
+                         "--prompts pairs alike (a budget holds on each, not only on their mix)")
     ap.add_argument("--psnr-bound", type=float, default=30.0)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--cache", default=None, help="the Carnator cache folder (default: ComfyUI's)")
@@ -198,7 +212,7 @@ def main() -> int:
     calibrate_one(a.model, a.latent, a.steps, a.cfg, a.pairs, prompts, cache, clip, vae, a.psnr_bound,
                   a.sampler, a.scheduler, a.seed, a.low_noise_model, a.switch_step, a.switch_sigma,
                   probe, a.fill_on_m, a.region_margin, a.budget_generations, a.procedure, a.transfer,
-                  a.served_latent)
+                  a.served_latent, Path(a.traffic_prompts).read_text() if a.traffic_prompts else "")
     return 0
 
 

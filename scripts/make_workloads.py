@@ -45,6 +45,13 @@ comparisons never have to read prose back (a speed word, for one, is in the prom
   calibration_wording's, each side worded in structures the model was never trained on and no
   workload uses (tinyworld.language.UNTRAINED_CALIBRATION_FAMILIES) with the calibration's own
   ignored words: what people's phrasings are to a real model.
+- serve_fresh_half.jsonl, iterate_fresh_half.jsonl, calibration_held_out_half.jsonl: the
+  held-out families split in two (tinyworld.language.HELD_OUT_CALIBRATION_HALF and
+  HELD_OUT_SERVING_HALF): 240 pairs of calibration_wording's kinds worded in one half with the
+  calibration's own ignored words, and serve's and iterate's requests worded afresh in the other
+  half with the workloads' ignored words, as serve_fresh and iterate_fresh are;
+  calibration_held_out_half_scenes.jsonl: 160 more pairs in the calibration's half, each one
+  scene worded twice.
 - unseen_edits.jsonl: editing sessions (fixed seed each, mostly two objects) of edits neither
   iterate's generator nor the calibration makes, every prompt in wording no other workload uses:
   a position or motion flip (either axis) with a full rewording, the colours of two objects
@@ -163,14 +170,16 @@ def reworded(lines: list[dict], seed=2020) -> list[dict]:
     return [dict(ln, prompt=LANG.phrase(ln["scene"], rng, LANG.HELD_OUT_FAMILIES)) for ln in lines]
 
 
-def fresh_wording(lines: list[dict], seed: int) -> list[dict]:
-    """``lines`` with each prompt worded anew (scene, seed and the rest kept): a phrasing from the
-    held-out families, which neither training nor any calibration draws, with one to three words
-    the world ignores added (tinyworld.language.with_ignored_words: speed, shade, filler)."""
+def fresh_wording(lines: list[dict], seed: int, families=None) -> list[dict]:
+    """``lines`` with each prompt worded anew (scene, seed and the rest kept): a phrasing from
+    ``families`` (default: the held-out families, which neither training nor the bundled
+    calibration draws), with one to three words the world ignores added
+    (tinyworld.language.with_ignored_words: speed, shade, filler)."""
     from tinyworld import language as LANG
     rng = random.Random(seed)
+    families = LANG.HELD_OUT_FAMILIES if families is None else families
     return [dict(ln, prompt=LANG.with_ignored_words(
-        _phrasing_with_room(ln["scene"], rng, LANG.HELD_OUT_FAMILIES, "held-out"), rng)) for ln in lines]
+        _phrasing_with_room(ln["scene"], rng, families, "held-out"), rng)) for ln in lines]
 
 
 def _phrasing_with_room(scene, rng, families, name):
@@ -475,6 +484,31 @@ def untrained_wording_pairs(n_pairs=240, first_group=0, exclude=(), seed=3333, f
                         lambda edits: "untrained_edit" if edits else "untrained_paraphrase")
 
 
+def _held_out_half_caption(scene, rng):
+    """A phrasing of ``scene`` in the calibration's half of the held-out families
+    (tinyworld.language.HELD_OUT_CALIBRATION_HALF) with one to three of the calibration's own
+    ignored words."""
+    LANG = _language()
+    got = _phrasing_with_room(scene, rng, LANG.HELD_OUT_CALIBRATION_HALF, "held-out half")
+    return LANG.with_ignored_words(got, rng, vocabulary=LANG.CALIBRATION_IGNORED_WORDS)
+
+
+def held_out_half_pairs(n_pairs=240, first_group=0, exclude=(), seed=3434, first_seed=2_400_000):
+    """wording_pairs' kinds, each side worded in the calibration's half of the held-out families:
+    some of people's own wording in the calibration, the other half kept for the workloads
+    served against it (serve_fresh_half, iterate_fresh_half)."""
+    return _pairs_apart(n_pairs, first_group, exclude, seed, first_seed,
+                        lambda i, rng: rng.choice((1, 1, 2)) if i % 3 else 0, _held_out_half_caption,
+                        lambda edits: "held_out_edit" if edits else "held_out_paraphrase")
+
+
+def held_out_half_scene_pairs(n_pairs=160, first_group=0, exclude=(), seed=3535, first_seed=2_500_000):
+    """Same-scene pairs only, worded as held_out_half_pairs: same-scene reuse is certified by
+    depth alone, and a third of 240 pairs is too few labels to certify it at small budgets."""
+    return _pairs_apart(n_pairs, first_group, exclude, seed, first_seed, lambda i, rng: 0,
+                        _held_out_half_caption, lambda edits: "held_out_paraphrase")
+
+
 # ------------------------------------------------------------------ unseen_edits
 # Wording for unseen_edits: the training families of tinyworld.language (no other workload
 # draws from them; iterate, novel and the calibration write world.caption(), serve_reworded the
@@ -630,10 +664,24 @@ def workloads() -> dict:
                                         exclude=held | {x["prompt"] for x in unseen + sum(fresh.values(), [])})
     assert not {x["seed"] for x in untrained} & {x["seed"] for x in cal + it + sv + nv + replicate + more + dr
                                                  + unseen + edits + worded}
+    LANG = _language()
+    half = {"serve_fresh_half": fresh_wording(sv, 2122, LANG.HELD_OUT_SERVING_HALF),
+            "iterate_fresh_half": fresh_wording(it, 1122, LANG.HELD_OUT_SERVING_HALF)}
+    held_half = held_out_half_pairs(first_group=1 + max(x["group"] for x in untrained),
+                                    exclude=held | {x["prompt"] for x in unseen + sum(fresh.values(), [])
+                                                    + sum(half.values(), [])})
+    assert not {x["seed"] for x in held_half} & {x["seed"] for x in cal + it + sv + nv + replicate + more + dr
+                                                 + unseen + edits + worded + untrained}
+    half_scenes = held_out_half_scene_pairs(first_group=1 + max(x["group"] for x in held_half),
+                                            exclude=held | {x["prompt"] for x in unseen + sum(fresh.values(), [])
+                                                            + sum(half.values(), []) + held_half})
+    assert not {x["seed"] for x in half_scenes} & {x["seed"] for x in cal + it + sv + nv + replicate + more + dr
+                                                   + unseen + edits + worded + untrained + held_half}
     return {"iterate": it, "serve": sv, "novel": nv, "calibration": cal, "drift": dr,
             "iterate_replicate": replicate, "calibration_paraphrases": more,
             "serve_reworded": reworded(sv), "unseen_edits": unseen, "calibration_edits": edits,
-            **fresh, "calibration_wording": worded, "calibration_untrained_wording": untrained}
+            **fresh, "calibration_wording": worded, "calibration_untrained_wording": untrained,
+            **half, "calibration_held_out_half": held_half, "calibration_held_out_half_scenes": half_scenes}
 
 
 def main(argv=None):

@@ -404,7 +404,17 @@ def test_wording_counts_same_scene_hits_on_scenes_computed_before_in_the_same_po
     assert got["not_same_scene_by_why"] == {"other_evidence": 1, "min_saving": 1}
     with pytest.raises(ValueError, match="records for"):
         wording.seen_scene_hits(lines, records[:-1])
-    assert run(["bench/wording.py", "--help"], timeout=180).startswith("usage:")
+
+
+def test_wording_serves_a_workload_and_writes_its_rows(tmp_path):
+    """bench/wording.py --workloads runs bench/tinyworld.py with the bundled calibration and
+    writes a row per α with the seen-scene count and the why of every request not reused."""
+    target = tmp_path / "wording.json"
+    run(["bench/wording.py", "--workloads", "serve_fresh_half", "--limit", "4", "--out", str(target)], timeout=600)
+    rows = json.loads(target.read_text())["rows"]["serve_fresh_half/n20"]
+    assert rows["calibration"] and set(rows["budgets"]) == {"0.02", "0.05", "0.1"}
+    for row in rows["budgets"].values():
+        assert row["requests"] == 4 and "not_same_scene_by_why" in row["seen_scene"]
 
 
 def test_wording_ceiling_labels_same_scene_reuses_and_rereads_its_committed_summary(tmp_path):

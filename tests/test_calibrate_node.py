@@ -110,3 +110,10 @@ def test_the_cheap_procedure_keeps_the_bundled_ranking_within_its_budget(tmp_pat
         wf["5"]["inputs"].update(procedure="cheap", pairs=8, budget_generations=4.0, probe_fraction=0.1)
         with pytest.raises(RuntimeError, match="keeps a ranking learned with probe_fraction 0.05, not 0.1"):
             server.run(wf, timeout=300)
+        # prompts worded as the traffic is are certified as their own population by the full
+        # procedure only: asked of the cheap one, it says so rather than drop them
+        wf = calibrate_workflow()
+        wf["5"]["inputs"].update(procedure="cheap", pairs=8, budget_generations=4.0,
+                                 traffic_prompts="a red ball moves left")
+        with pytest.raises(RuntimeError, match="traffic_prompts works with procedure 'full'"):
+            server.run(wf, timeout=300)

@@ -187,3 +187,21 @@ def test_a_calibration_with_a_served_latent_stops_at_the_budget_counted_at_that_
     assert 2.5 <= cost["served"]["cost_generations"] <= 2.5 + cost["generations_per_pair"] / 4 + 1e-6
     assert cost["pairs_measured_now"] == 2  # as a budget of 10 at the calibrated size stops it
     assert "at the served size, latent 3×16×16" in report_text(report)
+
+
+def test_pairs_worded_as_the_traffic_are_certified_as_their_own_population(wan21, tmp_path):
+    """Traffic pairs carry their stratum into the measured instances, the certification names
+    both populations and the report checks the gate on each."""
+    pairs = prompt_pairs.with_traffic(prompt_pairs.pairs(n=2, seed=0), prompt_pairs.pairs(n=2, seed=1))
+    assert [p["group"] for p in pairs] == [0, 1, 2, 3]
+    settings = ReuseSettings()
+    _, report = calibrate_model(wan21, None, {"samples": torch.zeros(SHAPE)}, pairs, STEPS, 4.0, "euler",
+                                "simple", Tolerance(30.0, "latent"), str(tmp_path), settings, log=lambda line: None)
+    progress = progress_path(calibration_file(tmp_path, model_fingerprint(wan21), settings.probe_fraction))
+    strata = [i["stratum"] for line in progress.read_text().splitlines() for i in json.loads(line)["instances"]]
+    assert strata == ["generic"] * 4 + ["traffic"] * 4
+    assert report["certification"]["strata"] == ["generic", "traffic"]
+    assert set(report["heldout_by_stratum"]) <= {"generic", "traffic"}
+    text = report_text(report)
+    assert "each population of pairs alike: " in text
+    assert all(f"held-out check on the {s} pairs α=5%" in text for s in report["heldout_by_stratum"])

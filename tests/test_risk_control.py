@@ -230,3 +230,68 @@ def test_the_tiny_world_s_bundled_one_step_calibration_is_the_joint_edit_recipe(
         for cell in cells:
             finished = option_key(cell, model.finish_calls[class_of_option(cell)])
             assert model.threshold_for(alpha, finished) == model.threshold_for(alpha, cell), (alpha, cell)
+
+
+def _risky(n, rng):
+    """A population safe below score 0.05 and riskier above than ``_draw``'s: a reuse misses
+    tolerance with probability max(0, 3s − 0.15), so the risk among reuses accepted at λ is
+    3(λ − 0.05)²/2λ and λ* = 0.15 at α = 10% (``_draw``'s: 0.2)."""
+    return [(s, int(rng.random() < max(0.0, 3 * s - 0.15))) for s in (rng.random() for _ in range(n))]
+
+
+def _strata_decisions(strata):
+    """decisions(λ, stratum) for certify_strata over {name: [(score, label)]}."""
+    return lambda lam, s: [y for z, y in strata[s] if z <= lam]
+
+
+def test_stratified_certification_holds_the_budget_in_the_population_the_mix_outvotes():
+    """Two populations, one four times the other and riskier above the safest scores: pooled,
+    the certified threshold lets the small one miss α; certified in each stratum it holds there."""
+    alpha, delta, rng = 0.1, 0.1, random.Random(11)
+    common, risky = _draw(8000, rng), _risky(2000, rng)  # λ* = 0.2 and 0.15
+    strata = {"common": common, "risky": risky}
+    grid = sorted(s for s, _ in common + risky)[::10]
+    pooled = RC.certify(lambda lam: [y for s, y in common + risky if s <= lam], grid, alpha, delta)
+    both = CAL.certify_strata(_strata_decisions(strata), ["common", "risky"], grid, alpha, delta)
+    apart = {s: RC.certify(lambda lam, s=s: [y for z, y in strata[s] if z <= lam], grid, alpha, delta)
+             for s in strata}
+    assert both["threshold"] == min(r["threshold"] for r in apart.values()) == apart["risky"]["threshold"]
+    assert both["binding_strata"] == ["risky"] and set(both["by_stratum"]) == {"common", "risky"}
+    rate = lambda lam: sum(y for s, y in risky if s <= lam) / max(1, sum(s <= lam for s, _ in risky))  # noqa: E731
+    assert rate(pooled["threshold"]) > alpha >= rate(both["threshold"])
+    # a stratum too small to test refuses what the others would certify; one with no reuse
+    # in a class is not asked
+    small = {**strata, "few": risky[:20]}
+    assert CAL.certify_strata(_strata_decisions(small), sorted(small), grid, alpha, delta)["threshold"] is None
+    assert CAL.certify_strata(_strata_decisions(strata), ["common"], grid, alpha, delta) == apart["common"]
+
+
+def test_stratified_certification_holds_with_the_stated_confidence_in_every_stratum():
+    """Over independent draws the threshold exceeds the riskier stratum's λ* in at most about
+    δ of them, though no stratum's δ is split (an intersection–union test)."""
+    alpha, delta, trials, rng = 0.1, 0.1, 150, random.Random(5)
+    over = certified = 0
+    for _ in range(trials):
+        strata = {"a": _draw(1500, rng), "b": _risky(1500, rng)}
+        grid = sorted(s for pairs in strata.values() for s, _ in pairs)[::10]
+        res = CAL.certify_strata(_strata_decisions(strata), ["a", "b"], grid, alpha, delta)
+        certified += res["threshold"] is not None
+        over += res["threshold"] is not None and res["threshold"] > 0.15  # b's λ*
+    assert certified > trials // 2  # it certifies: the bound below is not met by refusing
+    assert over <= 25, f"certified above the riskier stratum's λ* in {over}/{trials} draws"
+
+
+def test_certify_model_certifies_each_named_stratum_and_reports_it():
+    rng = random.Random(2)
+    def pairs(n, p_deep, stratum):
+        return [{**_instance("same", True, [0, 0, 0, int(rng.random() < p_deep)]), "group": f"{stratum}{i}",
+                 "stratum": stratum} for i in range(n)]
+    fit_set = pairs(100, 0.01, "a")
+    model = CAL.fit([dict(i, features=dict(i["features"])) for i in fit_set] +
+                    [_instance("edit", False, [0, 0, 1, 1]) for _ in range(50)], 0.35, form="interaction")
+    cert = pairs(300, 0.0, "a") + pairs(300, 0.3, "b")  # b fails a deep reuse 30% of the time
+    report = CAL.certify_model(model, cert, delta=0.1, joint=True)
+    assert report["strata"] == ["a", "b"]
+    res = report["classes"]["same_scene"]["budgets"]["0.05"]
+    assert set(res["by_stratum"]) == {"a", "b"} and res["by_stratum"]["a"]["threshold"] == pytest.approx(0.8)
+    assert model.thresholds["same_scene"]["0.05"] == pytest.approx(0.6)  # b holds only below 16 of 20

@@ -199,6 +199,18 @@ def test_untrained_calibration_families_lie_outside_the_split_in_training_words(
         LANG.training_caption(sample[0][0], random.Random(0), 1.0, tuple(own) + ("surface.lower",))
 
 
+def test_the_held_out_halves_split_the_held_out_families_and_each_phrases_every_scene():
+    """Calibration pairs in one half, the workloads served against them in the other: apart,
+    together the held-out families, each able to word a two-object scene (clause, joiner, surface)."""
+    cal, serving = set(LANG.HELD_OUT_CALIBRATION_HALF), set(LANG.HELD_OUT_SERVING_HALF)
+    assert not cal & serving and cal | serving == set(LANG.HELD_OUT_FAMILIES)
+    for half in (cal, serving):
+        assert {LANG.family_kind(f) for f in half} == set(LANG.KINDS)
+        for scene, p in phrasings(tuple(sorted(half)), 60, 5):
+            assert_describes(p, scene)
+            assert used_families(p) <= half
+
+
 def test_phrasings_fit_the_encoder(train_sample, held_sample):
     texts = [p.text for _, p in train_sample + held_sample]
     assert max(TXT.token_counts(texts)) <= TXT.TEXT_LEN - 1

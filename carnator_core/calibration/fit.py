@@ -17,6 +17,7 @@ import json
 import math
 import random
 from pathlib import Path
+from typing import Callable
 
 from ..gate import (UNNAMED_PROBE_FRACTION, EVIDENCE_CLASSES, FEATURES, REGION_SHARE_BOUNDS, RiskModel,
                    calibration_file, class_of_option, evidence_class, finish_allows, finish_calls_at,
@@ -173,6 +174,9 @@ def certify_model(model: RiskModel, instances: list[dict], delta: float = 0.1,
     Identical requests are left out: the pipeline answers them as exact repeats, so the gate
     never sees them and they would only dilute the measured risk.
 
+    Instances naming a ``"stratum"`` (the population their pair was drawn from) are certified
+    in every stratum at once (``certify_strata``): the budget holds on each, not only on the mix.
+
     ``joint``: a class measured with several finishes gets one threshold for all of them,
     certified on the decision the gate actually makes with it — per finish the deepest
     accepted depth, then the finish that computes least (``gate_decision``) — at the class's
@@ -191,17 +195,18 @@ def certify_model(model: RiskModel, instances: list[dict], delta: float = 0.1,
         for calls in options[class_of_option(cell)]:
             scored = [(z, int(d["label"])) for z, d in _scored(model, inst, calls, min_k, max_k)]
             if scored:
-                per_class[option_key(cell, calls)].append(scored)
+                per_class[option_key(cell, calls)].append((stratum_of(inst), scored))
     model.thresholds, model.confidence = {}, 1.0 - delta
-    report = {"delta": delta, "instances": sum(len(v) for v in per_class.values()), "classes": {}}
+    report = {"delta": delta, "instances": sum(len(v) for v in per_class.values()), "classes": {},
+              **_strata_note(instances)}
     for key, members in per_class.items():
         klass_delta = delta / len(options[class_of_option(key)])
-        def decisions(lam: float, members=members) -> list[int]:
-            picked = (next((y for z, y in scored if z <= lam), None) for scored in members)
+        def decisions(lam: float, stratum, members=members) -> list[int]:
+            picked = (next((y for z, y in scored if z <= lam), None) for s, scored in members if s == stratum)
             return [y for y in picked if y is not None]
 
-        grid = _thinned_grid(z for scored in members for z, _ in scored)
-        res = {f"{a:g}": certify(decisions, grid, a, klass_delta) for a in budgets}
+        grid = _thinned_grid(z for _, scored in members for z, _ in scored)
+        res = {f"{a:g}": certify_strata(decisions, _strata(members), grid, a, klass_delta) for a in budgets}
         model.thresholds[key] = {a: r["threshold"] for a, r in res.items() if r["threshold"] is not None}
         report["classes"][key] = {"instances": len(members), "delta": klass_delta, "budgets": res}
     return report
@@ -221,31 +226,67 @@ def _certify_joint(model: RiskModel, instances: list[dict], delta: float, budget
             if scored:
                 finishes.append(scored)
         if finishes:
-            per_class[klass].append(finishes)
+            per_class[klass].append((stratum_of(inst), finishes))
     model.thresholds, model.confidence = {}, 1.0 - delta
     report = {"delta": delta, "joint": True, "instances": sum(len(v) for v in per_class.values()),
-              "classes": {}}
+              "classes": {}, **_strata_note(instances)}
     for klass, members in per_class.items():
         if not members:
             continue
 
-        def decisions(lam: float, members=members) -> list[int]:
+        def decisions(lam: float, stratum, members=members) -> list[int]:
             labels = []
-            for finishes in members:  # per finish its deepest accepted depth, then the cheapest
+            for s, finishes in members:  # per finish its deepest accepted depth, then the cheapest
+                if s != stratum:
+                    continue
                 picks = [p for p in (next(((c, y) for z, c, y in scored if z <= lam), None)
                                      for scored in finishes) if p is not None]
                 if picks:
                     labels.append(min(picks)[1])
             return labels
 
-        grid = _thinned_grid(z for finishes in members for scored in finishes for z, _, _ in scored)
-        res = {f"{a:g}": certify(decisions, grid, a, delta) for a in budgets}
+        grid = _thinned_grid(z for _, finishes in members for scored in finishes for z, _, _ in scored)
+        res = {f"{a:g}": certify_strata(decisions, _strata(members), grid, a, delta) for a in budgets}
         for c in options[class_of_option(klass)]:
             model.thresholds[option_key(klass, c)] = {a: r["threshold"] for a, r in res.items()
                                                       if r["threshold"] is not None}
         report["classes"][klass] = {"instances": len(members), "delta": delta, "budgets": res,
                                     "finishes": [option_key(klass, c) for c in options[class_of_option(klass)]]}
     return report
+
+
+def stratum_of(inst: dict) -> str:
+    """The population a measured pair was drawn from (``"stratum"``, set by whoever loads the
+    measurements; one stratum when none is named)."""
+    return str(inst.get("stratum", ""))
+
+
+def _strata(members: list[tuple[str, object]]) -> list[str]:
+    return sorted({s for s, _ in members})
+
+
+def _strata_note(instances: list[dict]) -> dict:
+    names = sorted({stratum_of(i) for i in instances})
+    return {"strata": names} if len(names) > 1 else {}
+
+
+def certify_strata(decisions: Callable[[float, str], list[int]], strata: list[str], grid: list[float],
+                   alpha: float, delta: float) -> dict:
+    """Learn-then-Test in every stratum of the calibration at once: a threshold is certified
+    only where each stratum's own test certifies it, so the budget holds on each population
+    the pairs were drawn from, not only on their mix (a population a fifth of the pairs would
+    otherwise be outvoted by the rest). An intersection–union test: rejecting "some stratum's
+    risk exceeds α" because every stratum's level-δ test rejects its own is itself level δ, so
+    no stratum's δ is split. The fixed-sequence test certifies every λ up to its last, so the
+    thresholds all strata certify are those up to the smallest. A stratum with no reuse in a
+    class says nothing about it and is not asked; one with too few to test refuses it."""
+    per = {s: certify(lambda lam, s=s: decisions(lam, s), grid, alpha, delta) for s in strata or [""]}
+    if len(per) == 1:
+        return next(iter(per.values()))
+    found = [r["threshold"] for r in per.values()]
+    lam = None if None in found else min(found)
+    binding = [s for s, r in per.items() if r["threshold"] is None or r["threshold"] == lam]
+    return {**per[binding[0]], "threshold": lam, "binding_strata": binding, "by_stratum": per}
 
 
 def _class_finishes(model: RiskModel) -> dict[str, list[int]]:
@@ -345,6 +386,10 @@ def fit_and_certify(instances: list[dict], region_threshold: float, delta: float
                                         max_region_fraction=max_region_fraction)
                             for k in sorted({str(i.get("kind")) for i in held})},
     }
+    if "strata" in certification:
+        report["heldout_by_stratum"] = {s: evaluate(model, [i for i in held if stratum_of(i) == s], alphas=alphas,
+                                                    max_region_fraction=max_region_fraction)
+                                        for s in certification["strata"]}
     return model, report
 
 

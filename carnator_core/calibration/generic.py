@@ -297,7 +297,8 @@ def _measure_pair(pair, seed, make_run, settings, tolerance, decode, region_thre
         inst = measure_direction(full[req], full[cand], lambda req=req: make_run(pair[req], seed),
                                  settings, region_threshold, outcome)
         out.append({"group": pair["group"], "kind": pair.get("kind"), "prompt": pair[req],
-                    "candidate_prompt": pair[cand], **inst})
+                    "candidate_prompt": pair[cand], **inst,
+                    **({"stratum": str(pair["stratum"])} if pair.get("stratum") else {})})
     return {"instances": out, "cost": metered_cost(meter, rows0, unit, time.perf_counter() - t0, out,
                                                    full["a"].record.run.steps)}
 
@@ -434,9 +435,13 @@ def report_text(report: dict) -> str:
         certified = ", ".join(f"{float(a):.0%}" for a in sorted(budgets, key=float)) or "none"
         finish = ", guided finish" if key.endswith(":guided") else ""
         lines.append(f"{share_bin_text(key.split(':')[0], bounds)}{finish}: budgets certified {certified}")
-    for a, v in report["heldout"].items():
-        lines.append(f"held-out check α={float(a):.0%}: {v['accepted']} of {v['instances']} accepted, "
-                     f"false accepts {v['false_accept_rate']:.1%} (95% upper {v['false_accept_upper95']:.1%})")
+    strata = report.get("heldout_by_stratum") or {}
+    if strata:
+        lines.append(f"every budget certified in each population of pairs alike: {', '.join(strata)}")
+    for name, check in [("", report["heldout"])] + [(f" on the {s} pairs", v) for s, v in strata.items()]:
+        for a, v in check.items():
+            lines.append(f"held-out check{name} α={float(a):.0%}: {v['accepted']} of {v['instances']} accepted, "
+                         f"false accepts {v['false_accept_rate']:.1%} (95% upper {v['false_accept_upper95']:.1%})")
     if report.get("not_fitted"):
         lines.append(f"not fitted, nothing written but the measurements: {report['not_fitted']}")
     return "\n".join(lines + cost_text(report))

@@ -196,6 +196,15 @@ def pairs_from_text(text: str, n: int, seed: int = 0) -> list[dict]:
     return out
 
 
+def with_traffic(pairs: list[dict], traffic: list[dict]) -> list[dict]:
+    """``pairs`` and pairs made from prompts worded as the user's traffic is, each named as its
+    own population (``"stratum"``: generic, traffic), so the calibration certifies every budget
+    in each (calibration.fit.certify_strata); groups renumbered after ``pairs``'."""
+    first = 1 + max((int(p["group"]) for p in pairs), default=-1)
+    return ([{**p, "stratum": "generic"} for p in pairs]
+            + [{**p, "stratum": "traffic", "group": first + i} for i, p in enumerate(traffic)])
+
+
 # ------------------------------------------------------------------ pools for the cheap calibration
 # Paraphrases give same-scene evidence, whose decisions are deep (cheap to label) and rarely
 # fail: the cell a small budget can certify (on the tiny world a clean pair costs ~2.4
