@@ -438,3 +438,21 @@ def test_wording_ceiling_labels_same_scene_reuses_and_rereads_its_committed_summ
     for s in after["by_depth"].values():
         for pool in (s["any_earlier"], s["benchmark_sources"]):
             assert pool["servable_classed_same_scene"] <= pool["servable"] <= pool["requests"]
+
+
+def test_calibrate_certifies_each_stratum_of_committed_measurements(tmp_path):
+    """bench/calibrate.py --instances A --stratum B: one fit, every threshold certified in both
+    populations, the report naming them with a held-out check each (no model run: the
+    measurements are the committed ones)."""
+    studies = REPO / "bench" / "results" / "studies"
+    base = studies / "lang2_region4_held_out_half" / "calibration_measurements.0-of-2.jsonl"
+    other = studies / "lang2_region4_held_out_half_scenes" / "calibration_measurements.0-of-2.jsonl"
+    run(["bench/calibrate.py", "--probe-fraction", "0.05", "--instances", str(base), "--stratum", str(other),
+         "--form", "signed", "--joint", "--cache", str(tmp_path / "cache"), "--results", str(tmp_path)])
+    report = json.loads((tmp_path / "calibration_report.probe0.05.json").read_text())
+    assert report["certification"]["strata"] == ["0", "1"] and set(report["heldout_by_stratum"]) == {"0", "1"}
+    for alpha in ("0.05", "0.1"):
+        res = report["certification"]["classes"]["same_scene"]["budgets"][alpha]
+        found = [r["threshold"] for r in res["by_stratum"].values()]
+        assert set(res["by_stratum"]) == {"0", "1"}
+        assert res["threshold"] == (None if None in found else min(found))
