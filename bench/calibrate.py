@@ -279,9 +279,10 @@ def main(argv=None) -> dict:
     ledger = CostLedger()
     if a.instances:
         instances = [i for path in a.instances for i in CAL.load_instances(path)]
-        for number, paths in enumerate(a.stratum or [], 1):  # --instances' pairs are stratum 0
-            stratum = [dict(i, stratum=str(number)) for path in paths for i in CAL.load_instances(path)]
-            instances = [dict(i, stratum="0") for i in instances] + stratum if number == 1 else instances + stratum
+        if a.stratum:  # --instances' pairs are stratum 0, each --stratum's the next
+            instances = [dict(i, stratum="0") for i in instances] + [
+                dict(i, stratum=str(number)) for number, paths in enumerate(a.stratum, 1)
+                for path in paths for i in CAL.load_instances(path)]
         if a.same_scene_from:
             instances = with_same_scene_from(instances, [i for path in a.same_scene_from
                                                          for i in CAL.load_instances(path)])

@@ -91,10 +91,7 @@ class CarnatorCalibrate(io.ComfyNode):
             settings = reuse_settings(probe_fraction=probe_fraction)
             settings.region_fill_on_m = bool(fill_region_on_its_tokens)
             settings.region_margin = int(region_margin) if fill_region_on_its_tokens else 0
-            chosen = prompt_pairs.pairs_from_text(prompts, pairs, seed=first_seed)
-            if (traffic_prompts or "").strip():
-                chosen = prompt_pairs.with_traffic(chosen, prompt_pairs.pairs_from_text(
-                    traffic_prompts, pairs, seed=first_seed + 1))
+            chosen = prompt_pairs.pairs_from_texts(prompts, traffic_prompts, pairs, seed=first_seed)
         tolerance = Tolerance(psnr_bound, "frames" if vae is not None else "latent")
         _, report = calibrate_model(model, clip, latent_image, chosen, steps, cfg, sampler_name,
                                     scheduler, tolerance, folder, settings, vae=vae, seed=first_seed,

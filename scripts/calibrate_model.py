@@ -87,7 +87,7 @@ def calibrate_one(model_path: str, latent: str, steps: int, cfg: float, pairs: i
         return {"samples": torch.zeros((1,) + tuple(int(x) for x in text.lower().split("x")))}
     served = empty(served_latent) if served_latent else None
     transferred, text = None, report_text
-    if procedure == "cheap" and traffic_prompts:
+    if procedure == "cheap" and traffic_prompts.strip():
         raise SystemExit("--traffic-prompts is for the generic procedure: the cheap one certifies one population")
     if procedure == "cheap":
         from carnator_core.calibration import cheap
@@ -102,10 +102,7 @@ def calibrate_one(model_path: str, latent: str, steps: int, cfg: float, pairs: i
     else:
         settings = ReuseSettings(probe_fraction=probe_fraction or DEFAULT_PROBE_FRACTION, region_fill_on_m=fill_on_m,
                                  region_margin=region_margin if fill_on_m else 0)
-        chosen = prompt_pairs.pairs_from_text(prompts, pairs or 60, seed=seed)
-        if traffic_prompts:
-            chosen = prompt_pairs.with_traffic(chosen, prompt_pairs.pairs_from_text(
-                traffic_prompts, pairs or 60, seed=seed + 1))
+        chosen = prompt_pairs.pairs_from_texts(prompts, traffic_prompts, pairs or 60, seed=seed)
     t0 = time.time()
     print(f"  {model_path}: calibrating ({procedure}) {len(chosen)} pairs …", flush=True)
     _, report = calibrate_model(model, clip, empty(latent), chosen, steps, cfg,

@@ -455,6 +455,12 @@ def _caption_with_ignored_words(scene, rng):
                                    vocabulary=LANG.CALIBRATION_IGNORED_WORDS)
 
 
+def _wording_edits(i, rng):
+    """Edits apart for the wording pairs' kinds: every third pair one scene worded twice, the
+    rest one or two edits apart."""
+    return rng.choice((1, 1, 2)) if i % 3 else 0
+
+
 def wording_pairs(n_pairs=240, first_group=0, exclude=(), seed=3232, first_seed=2_200_000):
     """Pairs each side of which is captioned with words the world ignores added: a third the same
     scene (two wordings of it), the rest one or two edits of the whole scene grammar apart
@@ -462,17 +468,19 @@ def wording_pairs(n_pairs=240, first_group=0, exclude=(), seed=3232, first_seed=
     they calibrate never moved with one; these do, in calibration families and words of its own
     (the fresh-wording workloads keep the held-out families and IGNORED_WORDS)."""
     return _pairs_apart(n_pairs, first_group, exclude, seed, first_seed,
-                        lambda i, rng: rng.choice((1, 1, 2)) if i % 3 else 0, _caption_with_ignored_words,
+                        _wording_edits, _caption_with_ignored_words,
                         lambda edits: "worded_edit" if edits else "worded_paraphrase")
 
 
-def _untrained_caption(scene, rng):
-    """A phrasing of ``scene`` in structures the model was never trained on and no workload uses
-    (tinyworld.language.UNTRAINED_CALIBRATION_FAMILIES), with one to three of the calibration's
-    own ignored words, room left for them where the encoder's window allows it."""
-    LANG = _language()
-    got = _phrasing_with_room(scene, rng, LANG.UNTRAINED_CALIBRATION_FAMILIES, "untrained")
-    return LANG.with_ignored_words(got, rng, vocabulary=LANG.CALIBRATION_IGNORED_WORDS)
+def _calibration_caption(families: str, name: str):
+    """A caption maker for calibration pairs: a phrasing of the scene from the families
+    tinyworld.language names ``families``, with one to three of the calibration's own ignored
+    words, room left for them where the encoder's window allows it."""
+    def caption(scene, rng):
+        LANG = _language()
+        got = _phrasing_with_room(scene, rng, getattr(LANG, families), name)
+        return LANG.with_ignored_words(got, rng, vocabulary=LANG.CALIBRATION_IGNORED_WORDS)
+    return caption
 
 
 def untrained_wording_pairs(n_pairs=240, first_group=0, exclude=(), seed=3333, first_seed=2_300_000):
@@ -480,17 +488,8 @@ def untrained_wording_pairs(n_pairs=240, first_group=0, exclude=(), seed=3333, f
     worded in structures the model never learned: what people's own phrasings are to a real
     model, which the calibration's other pairs (worded as the model was trained) cannot show."""
     return _pairs_apart(n_pairs, first_group, exclude, seed, first_seed,
-                        lambda i, rng: rng.choice((1, 1, 2)) if i % 3 else 0, _untrained_caption,
+                        _wording_edits, _calibration_caption("UNTRAINED_CALIBRATION_FAMILIES", "untrained"),
                         lambda edits: "untrained_edit" if edits else "untrained_paraphrase")
-
-
-def _held_out_half_caption(scene, rng):
-    """A phrasing of ``scene`` in the calibration's half of the held-out families
-    (tinyworld.language.HELD_OUT_CALIBRATION_HALF) with one to three of the calibration's own
-    ignored words."""
-    LANG = _language()
-    got = _phrasing_with_room(scene, rng, LANG.HELD_OUT_CALIBRATION_HALF, "held-out half")
-    return LANG.with_ignored_words(got, rng, vocabulary=LANG.CALIBRATION_IGNORED_WORDS)
 
 
 def held_out_half_pairs(n_pairs=240, first_group=0, exclude=(), seed=3434, first_seed=2_400_000):
@@ -498,7 +497,7 @@ def held_out_half_pairs(n_pairs=240, first_group=0, exclude=(), seed=3434, first
     some of people's own wording in the calibration, the other half kept for the workloads
     served against it (serve_fresh_half, iterate_fresh_half)."""
     return _pairs_apart(n_pairs, first_group, exclude, seed, first_seed,
-                        lambda i, rng: rng.choice((1, 1, 2)) if i % 3 else 0, _held_out_half_caption,
+                        _wording_edits, _calibration_caption("HELD_OUT_CALIBRATION_HALF", "held-out half"),
                         lambda edits: "held_out_edit" if edits else "held_out_paraphrase")
 
 
@@ -506,7 +505,8 @@ def held_out_half_scene_pairs(n_pairs=160, first_group=0, exclude=(), seed=3535,
     """Same-scene pairs only, worded as held_out_half_pairs: same-scene reuse is certified by
     depth alone, and a third of 240 pairs is too few labels to certify it at small budgets."""
     return _pairs_apart(n_pairs, first_group, exclude, seed, first_seed, lambda i, rng: 0,
-                        _held_out_half_caption, lambda edits: "held_out_paraphrase")
+                        _calibration_caption("HELD_OUT_CALIBRATION_HALF", "held-out half"),
+                        lambda edits: "held_out_paraphrase")
 
 
 # ------------------------------------------------------------------ unseen_edits
@@ -636,6 +636,12 @@ def write(name, lines, out):
     print(f"{path}: {len(lines)} requests")
 
 
+def _seeds_apart(new: list[dict], earlier: list[dict]) -> list[dict]:
+    """``new``, checked to share no seed with ``earlier``'s lines."""
+    assert not {x["seed"] for x in new} & {x["seed"] for x in earlier}
+    return new
+
+
 def workloads() -> dict:
     """Every committed workload, name -> lines, in the order they are written."""
     it, sv, nv = iterate(), serve(), novel()
@@ -657,26 +663,22 @@ def workloads() -> dict:
     edits = edit_pairs(first_group=1 + max(x["group"] for x in more), exclude=held | {x["prompt"] for x in unseen})
     assert not {x["seed"] for x in edits} & {x["seed"] for x in cal + it + sv + nv + replicate + more + dr + unseen}
     fresh = {"serve_fresh": fresh_wording(sv, 2121), "iterate_fresh": fresh_wording(it, 1121)}
-    worded = wording_pairs(first_group=1 + max(x["group"] for x in edits),
-                           exclude=held | {x["prompt"] for x in unseen + sum(fresh.values(), [])})
-    assert not {x["seed"] for x in worded} & {x["seed"] for x in cal + it + sv + nv + replicate + more + dr + unseen + edits}
-    untrained = untrained_wording_pairs(first_group=1 + max(x["group"] for x in worded),
-                                        exclude=held | {x["prompt"] for x in unseen + sum(fresh.values(), [])})
-    assert not {x["seed"] for x in untrained} & {x["seed"] for x in cal + it + sv + nv + replicate + more + dr
-                                                 + unseen + edits + worded}
+    # the wording pairs, each set after the last one's groups, on seeds no earlier line has and
+    # never in a prompt a served workload asks
+    earlier = cal + it + sv + nv + replicate + more + dr + unseen + edits
+    served = held | {x["prompt"] for x in unseen + sum(fresh.values(), [])}
+    worded = _seeds_apart(wording_pairs(first_group=1 + max(x["group"] for x in edits), exclude=served), earlier)
+    untrained = _seeds_apart(untrained_wording_pairs(first_group=1 + max(x["group"] for x in worded),
+                                                     exclude=served), earlier + worded)
     LANG = _language()
     half = {"serve_fresh_half": fresh_wording(sv, 2122, LANG.HELD_OUT_SERVING_HALF),
             "iterate_fresh_half": fresh_wording(it, 1122, LANG.HELD_OUT_SERVING_HALF)}
-    held_half = held_out_half_pairs(first_group=1 + max(x["group"] for x in untrained),
-                                    exclude=held | {x["prompt"] for x in unseen + sum(fresh.values(), [])
-                                                    + sum(half.values(), [])})
-    assert not {x["seed"] for x in held_half} & {x["seed"] for x in cal + it + sv + nv + replicate + more + dr
-                                                 + unseen + edits + worded + untrained}
-    half_scenes = held_out_half_scene_pairs(first_group=1 + max(x["group"] for x in held_half),
-                                            exclude=held | {x["prompt"] for x in unseen + sum(fresh.values(), [])
-                                                            + sum(half.values(), []) + held_half})
-    assert not {x["seed"] for x in half_scenes} & {x["seed"] for x in cal + it + sv + nv + replicate + more + dr
-                                                   + unseen + edits + worded + untrained + held_half}
+    served |= {x["prompt"] for x in sum(half.values(), [])}
+    held_half = _seeds_apart(held_out_half_pairs(first_group=1 + max(x["group"] for x in untrained),
+                                                 exclude=served), earlier + worded + untrained)
+    half_scenes = _seeds_apart(held_out_half_scene_pairs(first_group=1 + max(x["group"] for x in held_half),
+                                                         exclude=served | {x["prompt"] for x in held_half}),
+                               earlier + worded + untrained + held_half)
     return {"iterate": it, "serve": sv, "novel": nv, "calibration": cal, "drift": dr,
             "iterate_replicate": replicate, "calibration_paraphrases": more,
             "serve_reworded": reworded(sv), "unseen_edits": unseen, "calibration_edits": edits,

@@ -205,3 +205,14 @@ def test_pairs_worded_as_the_traffic_are_certified_as_their_own_population(wan21
     text = report_text(report)
     assert "each population of pairs alike: " in text
     assert all(f"held-out check on the {s} pairs α=5%" in text for s in report["heldout_by_stratum"])
+
+
+def test_the_node_and_the_script_make_traffic_pairs_only_from_prompts_given():
+    """pairs_from_texts, as Carnator Calibrate and scripts/calibrate_model.py call it: blank
+    traffic text adds nothing (not the built-in list); given prompts add as many pairs again."""
+    plain = prompt_pairs.pairs_from_text("a red ball moves left", 4, seed=3)
+    assert prompt_pairs.pairs_from_texts("a red ball moves left", " \n ", 4, seed=3) == plain
+    both = prompt_pairs.pairs_from_texts("a red ball moves left", "a blue square rises", 4, seed=3)
+    assert [p["stratum"] for p in both] == ["generic"] * 4 + ["traffic"] * 4
+    assert [p["group"] for p in both] == list(range(8))
+    assert all("blue square" in p["a"] or "blue square" in p["b"] for p in both[4:])

@@ -205,6 +205,16 @@ def with_traffic(pairs: list[dict], traffic: list[dict]) -> list[dict]:
             + [{**p, "stratum": "traffic", "group": first + i} for i, p in enumerate(traffic)])
 
 
+def pairs_from_texts(text: str, traffic_text: str, n: int, seed: int = 0) -> list[dict]:
+    """``pairs_from_text(text, n)``, and where ``traffic_text`` holds prompts (worded as the
+    user's traffic is) as many pairs again from them, each set its own population
+    (``with_traffic``)."""
+    chosen = pairs_from_text(text, n, seed=seed)
+    if not (traffic_text or "").strip():
+        return chosen
+    return with_traffic(chosen, pairs_from_text(traffic_text, n, seed=seed + 1))
+
+
 # ------------------------------------------------------------------ pools for the cheap calibration
 # Paraphrases give same-scene evidence, whose decisions are deep (cheap to label) and rarely
 # fail: the cell a small budget can certify (on the tiny world a clean pair costs ~2.4
