@@ -393,8 +393,10 @@ def main(argv=None) -> dict:
     ap.add_argument("--budgets", type=float, nargs="+", default=list(BUDGETS))
     ap.add_argument("--probe-fraction", type=float, default=0.05)
     ap.add_argument("--risk-model", default="auto", metavar="JSON",
-                    help="the calibration to serve with (default auto: the bundled one for each N); one "
-                         "file serves one N, as measured with it")
+                    help="the calibration to serve with at every N in --steps (default auto: the bundled one "
+                         "for each N); at an N it was not measured at, the gate carries its depths over "
+                         "by share of the steps, as it does for a request of an N with no file of its "
+                         "own. The run records the file's measured_steps")
     ap.add_argument("--model", default=DEFAULT_MODEL)
     ap.add_argument("--threads", type=int, default=1, help="torch threads of each run")
     ap.add_argument("--limit", type=int, default=None, help="first requests of each workload only")
