@@ -51,7 +51,8 @@ comparisons never have to read prose back (a speed word, for one, is in the prom
   calibration's own ignored words, and serve's and iterate's requests worded afresh in the other
   half with the workloads' ignored words, as serve_fresh and iterate_fresh are;
   calibration_held_out_half_scenes.jsonl: 160 more pairs in the calibration's half, each one
-  scene worded twice.
+  scene worded twice; calibration_held_out_half_scenes_more.jsonl: 320 more such pairs on
+  seeds of their own (a same-scene population large enough to test α = 5% in).
 - unseen_edits.jsonl: editing sessions (fixed seed each, mostly two objects) of edits neither
   iterate's generator nor the calibration makes, every prompt in wording no other workload uses:
   a position or motion flip (either axis) with a full rewording, the colours of two objects
@@ -679,11 +680,16 @@ def workloads() -> dict:
     half_scenes = _seeds_apart(held_out_half_scene_pairs(first_group=1 + max(x["group"] for x in held_half),
                                                          exclude=served | {x["prompt"] for x in held_half}),
                                earlier + worded + untrained + held_half)
+    more_scenes = _seeds_apart(held_out_half_scene_pairs(
+        n_pairs=320, first_group=1 + max(x["group"] for x in half_scenes), seed=3636, first_seed=2_600_000,
+        exclude=served | {x["prompt"] for x in held_half + half_scenes}),
+        earlier + worded + untrained + held_half + half_scenes)
     return {"iterate": it, "serve": sv, "novel": nv, "calibration": cal, "drift": dr,
             "iterate_replicate": replicate, "calibration_paraphrases": more,
             "serve_reworded": reworded(sv), "unseen_edits": unseen, "calibration_edits": edits,
             **fresh, "calibration_wording": worded, "calibration_untrained_wording": untrained,
-            **half, "calibration_held_out_half": held_half, "calibration_held_out_half_scenes": half_scenes}
+            **half, "calibration_held_out_half": held_half, "calibration_held_out_half_scenes": half_scenes,
+            "calibration_held_out_half_scenes_more": more_scenes}
 
 
 def main(argv=None):

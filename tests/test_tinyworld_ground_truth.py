@@ -164,7 +164,7 @@ def test_every_workload_line_has_its_scene_and_the_strict_parser_agrees():
             if path.stem in ("serve_reworded", "unseen_edits", "serve_fresh", "iterate_fresh",
                              "calibration_wording", "calibration_untrained_wording", "serve_fresh_half",
                              "iterate_fresh_half", "calibration_held_out_half",
-                             "calibration_held_out_half_scenes"):  # the broad language or ignored words: read right or refused
+                             "calibration_held_out_half_scenes", "calibration_held_out_half_scenes_more"):  # the broad language or ignored words: read right or refused
                 try:
                     parsed = WD.parse_caption(line["prompt"])
                 except ValueError:
