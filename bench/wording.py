@@ -43,26 +43,33 @@ def _script(name: str):
     return sys.modules[module]
 
 
-def seen_scene_hits(lines: list[dict], records: list[dict]) -> dict:
-    """Among requests whose scene was computed in full earlier in the same noise pool: how many,
-    how many a same-scene gate hit served, and why the others were not (records in workload
-    order, as bench/tinyworld.py writes them)."""
-    from carnator_core.gate import evidence_class
+def seen_before(lines: list[dict], records: list[dict]):
+    """(line, record, seen) in workload order; seen: the request's scene was computed in full
+    earlier in the same noise pool (records as bench/tinyworld.py writes them)."""
     from tinyworld.world import scene_key
     noise_frame = _script("tinyworld").noise_frame
     if len(lines) != len(records):
         raise ValueError(f"{len(records)} records for {len(lines)} requests: not one run of this workload")
-    computed, seen, same, why = set(), 0, 0, Counter()
+    computed = set()
     for line, rec in zip(lines, records):
         key = (scene_key(line["scene"]), noise_frame(int(line["seed"]), line.get("seed_policy", "same_seed")))
-        if key in computed:
+        yield line, rec, key in computed
+        if rec["outcome"] == "miss":  # computed in full: a reuse source from now on
+            computed.add(key)
+
+
+def seen_scene_hits(lines: list[dict], records: list[dict]) -> dict:
+    """Among requests whose scene was computed in full earlier in the same noise pool: how many,
+    how many a same-scene gate hit served, and why the others were not."""
+    from carnator_core.gate import evidence_class
+    seen, same, why = 0, 0, Counter()
+    for _, rec, before in seen_before(lines, records):
+        if before:
             seen += 1
             if rec["outcome"] == "hit" and rec.get("features") and evidence_class(rec["features"]) == "same_scene":
                 same += 1
             else:
                 why[rec.get("why") or ("other_evidence" if rec["outcome"] == "hit" else rec["outcome"])] += 1
-        if rec["outcome"] == "miss":  # computed in full: a reuse source from now on
-            computed.add(key)
     return {"requests": seen, "same_scene_hits": same, "share": same / seen if seen else None,
             "not_same_scene_by_why": dict(why.most_common())}
 

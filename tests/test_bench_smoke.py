@@ -315,6 +315,21 @@ def test_wording_evidence_reads_every_same_scene_source_from_the_committed_recor
         assert w["other_gap_quantiles"]["0.0"] > 0 or w["other_region_quantiles"]["1.0"] > got["same_scene_region"]
 
 
+def test_near_scene_reads_its_committed_numbers_again_from_the_records_and_pairs(tmp_path):
+    """bench/results/studies/near_scene.json is read from committed runs and pairs, not typed
+    in: each scene pair's direction lies in one band, and treating a hit as a same-scene one
+    never computes more steps (a same-scene hit computes the fewest)."""
+    target = tmp_path / "near_scene.json"
+    run(["bench/studies/near_scene.py", "--out", str(target)])
+    got = json.loads(target.read_text())
+    assert got == json.loads((REPO / "bench" / "results" / "studies" / "near_scene.json").read_text())
+    lines = sum(len((REPO / "bench" / "results" / "studies" / f).read_text().splitlines()) for f in got["scene_pairs"])
+    assert sum(b["directions"] for b in got["guided_finish_by_band"].values()) == lines
+    for w in got["speed"].values():
+        assert w["gate_hit_speedup_if_same_scene"] >= w["gate_hit_speedup"]
+        assert (w["seen_scene_hits_read_other"] == 0) == (w["gate_hit_speedup_if_same_scene"] == w["gate_hit_speedup"])
+
+
 def test_fresh_wording_failures_tally_the_workloads_hits_and_the_calibrations_decisions(tmp_path):
     """Every other-evidence gate hit is tallied once, by its source and by its cell, and the
     bundled gate's decisions on its own pairs are tallied the same way."""

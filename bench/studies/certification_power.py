@@ -21,12 +21,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 
 import numpy as np
 from study_paths import REPO
 
+from carnator_core.calibration.risk_control import binomial_cdf
 from carnator_core.calibration.sequential import RiskSequence
 from carnator_core.evidence import evidence_class
 
@@ -47,20 +47,18 @@ MODELS = {
 }
 
 
-def binomial_pmf(n: int, p: float) -> list[float]:
-    return [math.comb(n, i) * p ** i * (1 - p) ** (n - i) for i in range(n + 1)]
-
-
 def most_powerful(n: int, alpha: float, rate: float, delta: float = DELTA) -> float:
     """Power of the randomised one-sided binomial test of "rate ≥ α" at level δ on n labels:
     reject below c, and at c with the chance γ that makes the level exactly δ."""
-    null, true = binomial_pmf(n, alpha), binomial_pmf(n, rate)
-    below, c = 0.0, 0
-    while c <= n and below + null[c] <= delta:
-        below += null[c]
+    cdf = lambda k, p: binomial_cdf(k, n, p) if k >= 0 else 0.0  # noqa: E731
+    c = 0
+    while c <= n and cdf(c, alpha) <= delta:
         c += 1
-    gamma = (delta - below) / null[c] if c <= n and null[c] > 0 else 0.0
-    return sum(true[:c]) + (gamma * true[c] if c <= n else 0.0)
+    if c > n:
+        return 1.0
+    at_c = cdf(c, alpha) - cdf(c - 1, alpha)
+    gamma = (delta - cdf(c - 1, alpha)) / at_c if at_c > 0 else 0.0
+    return cdf(c - 1, rate) + gamma * (cdf(c, rate) - cdf(c - 1, rate))
 
 
 def betting_power(pairs: int, alpha: float, rate: float, draws: int = DRAWS, seed: int = 0) -> float:
@@ -73,23 +71,32 @@ def betting_power(pairs: int, alpha: float, rate: float, draws: int = DRAWS, see
                           for run in fails]))
 
 
+def guided_labels(inst: dict) -> dict[float, int]:
+    """Per depth share, the label of this direction's reuse with the guided 4-call finish and
+    no region finish."""
+    return {round(d["depth_fraction"], 2): int(d["label"]) for d in inst["depths"]
+            if int(d.get("finish_calls", 0)) == GUIDED_CALLS and not d.get("token_share")}
+
+
+def measured(files: list[str]):
+    """Every measured direction of these files (under bench/results/studies)."""
+    for name in files:
+        with open(os.path.join(STUDIES, name)) as f:
+            yield from (json.loads(line) for line in f)
+
+
 def same_scene_rates(files: list[str]) -> dict:
     """Per depth share: guided-finish same-scene reuses measured, how many beyond tolerance, and
     pairs (groups) with both directions beyond tolerance there."""
     tally: dict[float, dict] = {}
-    for name in files:
-        with open(os.path.join(STUDIES, name)) as f:
-            for line in f:
-                inst = json.loads(line)
-                if evidence_class(inst["features"]) != "same_scene":
-                    continue
-                for d in inst["depths"]:
-                    if int(d.get("finish_calls", 0)) != GUIDED_CALLS or d.get("token_share"):
-                        continue
-                    t = tally.setdefault(round(d["depth_fraction"], 2), {"reuses": 0, "beyond": 0, "groups": {}})
-                    t["reuses"] += 1
-                    t["beyond"] += int(d["label"])
-                    t["groups"][inst["group"]] = t["groups"].get(inst["group"], 0) + int(d["label"])
+    for inst in measured(files):
+        if evidence_class(inst["features"]) != "same_scene":
+            continue
+        for depth, label in guided_labels(inst).items():
+            t = tally.setdefault(depth, {"reuses": 0, "beyond": 0, "groups": {}})
+            t["reuses"] += 1
+            t["beyond"] += label
+            t["groups"][inst["group"]] = t["groups"].get(inst["group"], 0) + label
     out = {}
     for depth, t in sorted(tally.items()):
         out[f"{depth:g}"] = {"reuses": t["reuses"], "beyond": t["beyond"], "rate": t["beyond"] / t["reuses"],
