@@ -243,6 +243,9 @@ def main(argv=None) -> dict:
                     help="certify one threshold per evidence class on the gate's choice among its "
                          "finishes (calibration.certify_model(joint=True)) instead of one per finish "
                          "at δ split between them")
+    ap.add_argument("--near-scene-cell", action="store_true",
+                    help="certify near-scene evidence (other evidence within twice both same-scene "
+                         "cut-offs, gate.NEAR_SCENE_CELL) as a cell of its own")
     ap.add_argument("--form", choices=RISK_FORMS, default="interaction",
                     help="risk model form (carnator_core.gate.RiskModel.fit)")
     a = ap.parse_args(argv)
@@ -330,7 +333,7 @@ def main(argv=None) -> dict:
                                         tolerance={"psnr_bound": a.psnr_bound, "space": "frames",
                                                    "checker": True},
                                         alphas=BUDGETS, probe_fraction=a.probe_fraction,
-                                        joint=a.joint)
+                                        joint=a.joint, near_scene_cell=a.near_scene_cell)
     held = CAL.split(instances, a.holdout)[1]
     rows, labels = CAL.rows_of(instances)
     report = {

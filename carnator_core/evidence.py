@@ -39,6 +39,22 @@ def class_of_option(key: str) -> str:
 REGION_SHARE_BOUNDS = (0.25, 0.5, 0.75, 1.0)
 
 
+# Near-scene evidence: other evidence within this multiple of both same-scene cut-offs. Of the
+# traffic-worded scene pairs' 960 directions 173 land here (364 inside the cut-offs), of the
+# bundled calibration's 1,760 only 16, all edits; a calibration may certify it as a cell of its
+# own (``NEAR_SCENE_CELL``, off by default) rather than in the bin of its token share, whose
+# other pairs are mostly edits. On the tiny world it certifies nothing deeper (docs/studies.md).
+NEAR_SCENE_REACH = 2.0
+NEAR_SCENE_CELL = "other/near"
+
+
+def near_scene(features: dict[str, float]) -> bool:
+    """Other evidence within ``NEAR_SCENE_REACH`` times both same-scene cut-offs."""
+    return (evidence_class(features) == "other"
+            and features["region_fraction"] <= NEAR_SCENE_REACH * SAME_SCENE_REGION
+            and features["similarity_gap"] <= NEAR_SCENE_REACH * SAME_SCENE_GAP)
+
+
 def share_cell(klass: str, share: float | None, bounds) -> str:
     """The certified cell of this evidence: the class itself, or for other evidence under a
     calibration with share bounds ``other/<upper bound in %>`` of the bin holding ``share``
@@ -54,6 +70,8 @@ def share_bin_text(cell: str, bounds) -> str:
     """``other/75`` → "other evidence recomputing 50–75% of the tokens"."""
     if "/" not in cell:
         return f"{cell.replace('_', '-')} evidence"
+    if cell == NEAR_SCENE_CELL:
+        return f"near-scene evidence (other, within {NEAR_SCENE_REACH:g}× the same-scene cut-offs)"
     upper = int(cell.split("/")[1])
     lower = max([round(float(b) * 100) for b in bounds if round(float(b) * 100) < upper], default=0)
     return f"other evidence recomputing {lower}–{upper}% of the tokens"

@@ -22,7 +22,7 @@ from .reuse.region_compute import FILL_SEGMENT_STEPS
 from .signature import EarlySignature, tile_deviation, widen_tiles
 
 # the vocabulary and the risk model, where the gate's users have always found them
-from .evidence import (EVIDENCE, EVIDENCE_CLASSES, FEATURES, REGION_FINISH_STEPS_PER_CALL,
+from .evidence import (EVIDENCE, EVIDENCE_CLASSES, FEATURES, NEAR_SCENE_CELL, REGION_FINISH_STEPS_PER_CALL,
                        REGION_SHARE_BOUNDS, SAME_SCENE_GAP, SAME_SCENE_REGION, class_of_option,
                        evidence_class, finish_allows, finish_calls_at, finish_cost, option_key,
                        share_bin_text, share_cell)
@@ -33,7 +33,7 @@ from .risk_model import (CALIBRATION_NAME, DEFAULT_PROBE_FRACTION, INTERACTION_E
 
 
 __all__ = ["CALIBRATION_NAME", "DEFAULT_PROBE_FRACTION", "EVIDENCE", "EVIDENCE_CLASSES",
-           "FEATURES", "GateSettings", "INTERACTION_EVIDENCE_SCALE", "Plan",
+           "FEATURES", "GateSettings", "INTERACTION_EVIDENCE_SCALE", "NEAR_SCENE_CELL", "Plan",
            "REGION_FINISH_STEPS_PER_CALL", "REGION_SHARE_BOUNDS", "RISK_FORMS", "RiskModel",
            "SAME_SCENE_GAP", "SAME_SCENE_REGION", "SIGNED_FREE", "UNNAMED_PROBE_FRACTION",
            "calibrated_probes", "calibrated_steps", "calibration_file", "calibration_files",

@@ -14,7 +14,8 @@ import torch
 
 from .risk_model_check import FORMAT_VERSION, CalibrationRejected, check_calibration
 
-from .evidence import EVIDENCE, EVIDENCE_CLASSES, FEATURES, evidence_class, option_key, share_cell
+from .evidence import (EVIDENCE, EVIDENCE_CLASSES, FEATURES, NEAR_SCENE_CELL, evidence_class, near_scene,
+                       option_key, share_cell)
 
 log = logging.getLogger("carnator")
 
@@ -154,6 +155,9 @@ class RiskModel:
     # (``REGION_SHARE_BOUNDS``): each bin's thresholds are certified apart (``share_cell``).
     # Empty: one class for all other evidence (files written before the bins).
     region_share_bounds: list[float] = field(default_factory=list)
+    # Whether near-scene evidence (``evidence.near_scene``) is certified as a cell of its own,
+    # ``NEAR_SCENE_CELL``, instead of in the bin of its token share. False: files before it.
+    near_scene_cell: bool = False
     # Set on the prior that stands in for a calibration file found unusable: why (the file
     # and the field). Never saved; the status shows it wherever "calibrated" is shown.
     rejected: str | None = None
@@ -194,7 +198,10 @@ class RiskModel:
 
     def cell(self, features: dict[str, float]) -> str:
         """The certified cell of this evidence: its class, split for other evidence by the
-        token share the reuse computes itself (``features["reuse_share"]``)."""
+        token share the reuse computes itself (``features["reuse_share"]``), or near-scene
+        evidence apart where the calibration certified it so."""
+        if self.near_scene_cell and near_scene(features):
+            return NEAR_SCENE_CELL
         return share_cell(evidence_class(features), features.get("reuse_share"),
                           self.region_share_bounds)
 

@@ -12,6 +12,8 @@ import math
 from pathlib import Path
 from typing import Any
 
+from .evidence import NEAR_SCENE_CELL
+
 FORMAT_VERSION = 1           # written by RiskModel.save; files without it are version 1
 LOGIT_LIMIT = 50.0           # RiskModel.risk clamps the logit here: beyond it a number means nothing
 KNOWN_SPACES = ("frames", "latent")
@@ -64,7 +66,7 @@ def check_calibration(data: Any, path: str | Path, features: tuple[str, ...],
         _check_number(data, "evidence_scale", bad, lo=0.0, hi=1e6, open_lo=True)
     if data.get("confidence") is not None:
         _check_number(data, "confidence", bad, lo=0.0, hi=1.0, open_lo=True)
-    for name in ("calibrated", "region_fill_on_m"):
+    for name in ("calibrated", "region_fill_on_m", "near_scene_cell"):
         if name in data and not isinstance(data[name], bool):
             raise bad(name, f"is {data[name]!r}, not true or false")
     if "source" in data and not isinstance(data["source"], str):
@@ -84,6 +86,8 @@ def check_calibration(data: Any, path: str | Path, features: tuple[str, ...],
                      lambda v: isinstance(v, bool), "true or false")
     bounds = _check_share_bounds(data.get("region_share_bounds", []), bad)
     cells = tuple(classes) + tuple(f"other/{round(b * 100)}" for b in bounds)
+    if data.get("near_scene_cell"):
+        cells += (NEAR_SCENE_CELL,)
     _check_thresholds(data.get("thresholds", {}), cells, bad)
     _check_ladders(data.get("ladders", {}), cells, bad)
     if data.get("thresholds") and not data.get("calibrated"):

@@ -444,15 +444,21 @@ def test_wording_ceiling_labels_same_scene_reuses_and_rereads_its_committed_summ
         assert r["source"] < r["request"] and r["class"] in ("same_scene", "other")
         for d in r["depths"].values():  # below 30 dB is beyond tolerance whatever the checker says
             assert d["psnr"] >= 30.0 or d["label"] == 1
-    committed = REPO / "bench" / "results" / "studies" / "wording_ceiling.json"
-    again = tmp_path / "again.json"
-    again.write_text(committed.read_text())
-    run(["bench/studies/wording_ceiling.py", "--reread", "--out", str(again)])
-    before, after = json.loads(committed.read_text())["summary"], json.loads(again.read_text())["summary"]
-    assert after == before
-    for s in after["by_depth"].values():
-        for pool in (s["any_earlier"], s["benchmark_sources"]):
-            assert pool["servable_classed_same_scene"] <= pool["servable"] <= pool["requests"]
+    studies = REPO / "bench" / "results" / "studies"
+    half = ["--workload", "serve_fresh_half", "--parts", str(studies / "held_out_half_more_scenes_parts"),
+            "--rows", str(studies / "wording_held_out_half_more_scenes.json")]
+    for name, args in (("wording_ceiling.json", []), ("wording_ceiling_fresh_half.json", half)):
+        committed, again = studies / name, tmp_path / name
+        again.write_text(committed.read_text())
+        run(["bench/studies/wording_ceiling.py", "--reread", "--out", str(again), *args])
+        before, after = json.loads(committed.read_text())["summary"], json.loads(again.read_text())["summary"]
+        assert after == before, name
+        for s in after["by_depth"].values():
+            for pool in (s["any_earlier"], s["benchmark_sources"]):
+                assert pool["servable_classed_same_scene"] <= pool["servable"] <= pool["requests"]
+        speed = after["speed_at_0.05"]  # servable requests as same-scene hits: more hits, fewer steps
+        assert speed["ceiling_gate_hits"] >= speed["gate_hits"]
+        assert speed["ceiling_gate_hit_speedup"] >= speed["gate_hit_speedup"]
 
 
 def test_calibrate_certifies_each_stratum_of_committed_measurements(tmp_path):

@@ -9,8 +9,17 @@ Two readings of committed files, nothing generated:
 - **Risk.** The scene pairs worded as that traffic (each scene worded twice): directions whose
   evidence lies outside the same-scene cut-offs but within twice both ("near"), against the
   same-scene ones, by depth of the guided 4-call finish: how often each misses tolerance.
+- **A cell of its own.** The same fit with near-scene evidence certified apart
+  (``bench/calibrate.py … --near-scene-cell``, ``CELL_FIT``): what each population certifies
+  for it, and the run of ``serve_fresh_half`` and ``serve`` with a what-if file that takes the
+  traffic population's own thresholds for the cell as if the bundled one had certified them
+  too (``--whatif-model`` writes it; ``WHATIF_PARTS`` are its ``bench/wording.py`` parts).
 
     .venv/bin/python bench/studies/near_scene.py   # → bench/results/studies/near_scene.json
+    .venv/bin/python bench/studies/near_scene.py \
+        --whatif-model bench/results/studies/near_scene_cell_whatif/calibration.json
+    nice .venv/bin/python bench/wording.py --workloads serve_fresh_half --risk-model <that file> \
+        --out bench/results/studies/near_scene_cell_whatif/wording.json   # and serve, ~12 min each
 """
 from __future__ import annotations
 
@@ -20,14 +29,19 @@ import os
 
 from study_paths import REPO
 
-from carnator_core.evidence import SAME_SCENE_GAP, SAME_SCENE_REGION, evidence_class
-from certification_power import STUDIES, guided_labels, measured
+from carnator_core.evidence import (NEAR_SCENE_CELL, SAME_SCENE_GAP, SAME_SCENE_REGION, evidence_class,
+                                    near_scene)
+from certification_power import GUIDED_CALLS, STUDIES, guided_labels, measured
 from wording import seen_before
 
 ALPHA = "0.05"
 PARTS = "held_out_half_more_scenes_parts"
 WORKLOADS = ("serve_fresh_half", "iterate_fresh_half", "serve")
 SAME_SCENE_STEPS = 5.0  # 1 probe step + 4 guided calls
+CELL_FIT = "lang2_region4_stratified_near_scene_calibration"
+TRAFFIC_FIT = [f"lang2_region4_held_out_half{part}/calibration_measurements.{i}-of-2.jsonl"
+               for part in ("", "_scenes_more") for i in (0, 1)]  # its traffic population
+WHATIF = "near_scene_cell_whatif"
 SCENE_PAIRS = [f"lang2_region4_held_out_half_scenes{more}/calibration_measurements.{i}-of-2.jsonl"
                for more in ("", "_more") for i in (0, 1)]
 
@@ -71,13 +85,106 @@ def guided_risk_by_band() -> dict:
     return out
 
 
+def _cell_fit() -> tuple[dict, str]:
+    folder = os.path.join(STUDIES, CELL_FIT)
+    with open(os.path.join(folder, "calibration_report.probe0.05.json")) as f:
+        report = json.load(f)
+    model = os.path.join(folder, "calibration", os.listdir(os.path.join(folder, "calibration"))[0])
+    return report, model
+
+
+def cell_certified() -> dict:
+    """Per budget, the near-scene cell's threshold, and each population's own test of it."""
+    report, _ = _cell_fit()
+    budgets = report["certification"]["classes"][NEAR_SCENE_CELL]["budgets"]
+    return {a: {"threshold": b["threshold"],
+                "by_stratum": {s: {k: t[k] for k in ("threshold", "accepted", "failures", "tested")}
+                               for s, t in b.get("by_stratum", {}).items()}}
+            for a, b in budgets.items() if a in ("0.05", "0.1")}
+
+
+def write_whatif_model(path: str) -> None:
+    """The cell fit's file with the near-scene cell at 5% and 10% set to the thresholds the
+    traffic population alone certifies (stratum "1"): not a calibration, a what-if."""
+    _, model = _cell_fit()
+    with open(model) as f:
+        data = json.load(f)
+    for a, row in cell_certified().items():
+        lam = row["by_stratum"]["1"]["threshold"]
+        for key in (NEAR_SCENE_CELL, f"{NEAR_SCENE_CELL}:guided"):
+            data["thresholds"].setdefault(key, {})[a] = lam
+    data["source"] += ("; WHAT-IF: the near-scene cell's thresholds at 5% and 10% are the traffic "
+                       "population's alone, not certified in the bundled one")
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(data, f, indent=2)
+
+
+def whatif_served(workload: str) -> dict:
+    """The what-if run at 5%: gate hits, and its hits on near-scene evidence (depth, steps)."""
+    with open(os.path.join(STUDIES, WHATIF, "wording_parts", f"{workload}_n20.json")) as f:
+        records = json.load(f)["records"][workload][ALPHA]
+    hits = [r for r in records if r["outcome"] == "hit"]
+    near = [r for r in hits if r.get("features") and near_scene(r["features"])]
+    return {"gate_hit_speedup": sum(r["steps_total"] for r in hits) / sum(r["steps_computed"] for r in hits),
+            "near_scene_hits": [{"k": r["reuse_step"], "steps_computed": r["steps_computed"]} for r in near]}
+
+
+def wider_gap(features: dict) -> str:
+    """Same-scene, within twice the global gap with no more tiles moved ("wider"), or neither."""
+    if evidence_class(features) == "same_scene":
+        return "same_scene"
+    wider = (features["region_fraction"] <= SAME_SCENE_REGION
+             and features["similarity_gap"] <= 2 * SAME_SCENE_GAP)
+    return "wider" if wider else "far"
+
+
+def guided_risk_wider_gap() -> dict:
+    """The cell fit's traffic pairs: guided-finish reuses beyond tolerance by depth, for
+    same-scene directions and for those a twice-as-wide gap would add (where measured)."""
+    out: dict = {}
+    for inst in measured(TRAFFIC_FIT):
+        b = out.setdefault(wider_gap(inst["features"]), {"directions": 0, "by_depth": {}})
+        b["directions"] += 1
+        for depth, label in guided_labels(inst).items():
+            t = b["by_depth"].setdefault(f"{depth:g}", {"reuses": 0, "beyond": 0})
+            t["reuses"] += 1
+            t["beyond"] += label
+    out.pop("far", None)
+    return out
+
+
+def near_risk_as_other() -> dict:
+    """The cell fit's traffic pairs, near-scene directions: their reuses with the 4-call guided
+    finish other evidence runs (computing region M between its calls where M has tiles) beyond
+    tolerance by depth: what the near-scene cell is certified on."""
+    out = {"directions": 0, "by_depth": {}}
+    for inst in measured(TRAFFIC_FIT):
+        if not near_scene(inst["features"]):
+            continue
+        out["directions"] += 1
+        for d in inst["depths"]:
+            if int(d.get("finish_calls", 0)) == GUIDED_CALLS:
+                t = out["by_depth"].setdefault(f"{d['depth_fraction']:g}", {"reuses": 0, "beyond": 0})
+                t["reuses"] += 1
+                t["beyond"] += int(d["label"])
+    return out
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=os.path.join(STUDIES, "near_scene.json"))
+    ap.add_argument("--whatif-model", default=None, metavar="JSON", help="write the what-if file and stop")
     a = ap.parse_args(argv)
+    if a.whatif_model:
+        return write_whatif_model(a.whatif_model)
     result = {"alpha": float(ALPHA), "parts": f"bench/results/studies/{PARTS}",
               "speed": {w: gate_hit_speed(w) for w in WORKLOADS},
-              "scene_pairs": SCENE_PAIRS, "guided_finish_by_band": guided_risk_by_band()}
+              "scene_pairs": SCENE_PAIRS, "guided_finish_by_band": guided_risk_by_band(),
+              "cell": {"fit": f"bench/results/studies/{CELL_FIT}", "certified": cell_certified(),
+                       "whatif": {w: whatif_served(w) for w in ("serve_fresh_half", "serve")}},
+              "traffic_fit_pairs": TRAFFIC_FIT, "near_scene_as_other": near_risk_as_other(),
+              "guided_finish_wider_gap": guided_risk_wider_gap()}
     with open(a.out, "w") as f:
         json.dump(result, f, indent=1)
     for w, r in result["speed"].items():
@@ -86,6 +193,9 @@ def main(argv=None):
     for name, b in result["guided_finish_by_band"].items():
         depths = ", ".join(f"{d}: {t['beyond']}/{t['reuses']}" for d, t in sorted(b["by_depth"].items()))
         print(f"{name}: {b['directions']} directions; guided finish beyond tolerance {depths}")
+    for w, r in result["cell"]["whatif"].items():
+        print(f"what-if {w}: gate hits {r['gate_hit_speedup']:.2f}x; near-scene hits (k, steps) "
+              f"{[(h['k'], round(h['steps_computed'], 1)) for h in r['near_scene_hits']]}")
     print(f"wrote {a.out}")
 
 

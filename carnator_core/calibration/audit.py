@@ -104,7 +104,7 @@ def calibration_id(model: RiskModel) -> str:
     if same_probe(fields["probe_fraction"], UNNAMED_PROBE_FRACTION):
         del fields["probe_fraction"]
     for name in ("region_fill_on_m", "region_margin", "measured_steps", "region_share_bounds",
-                 "measured_latents", "ladders"):
+                 "measured_latents", "ladders", "near_scene_cell"):
         if name in fields and not fields[name]:
             del fields[name]
     return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:16]

@@ -19,7 +19,8 @@ import random
 from pathlib import Path
 from typing import Callable
 
-from ..gate import (UNNAMED_PROBE_FRACTION, EVIDENCE_CLASSES, FEATURES, REGION_SHARE_BOUNDS, RiskModel,
+from ..gate import (UNNAMED_PROBE_FRACTION, EVIDENCE_CLASSES, FEATURES, NEAR_SCENE_CELL, REGION_SHARE_BOUNDS,
+                   RiskModel,
                    calibration_file, class_of_option, evidence_class, finish_allows, finish_calls_at,
                    finish_cost, option_key, share_cell)
 from .risk_control import certify, clopper_pearson_upper
@@ -297,7 +298,8 @@ def _cells(model: RiskModel) -> list[str]:
     """The cells thresholds are certified for: same-scene evidence, and other evidence as
     one class or per bin of the token share its reuse computes (``model.region_share_bounds``)."""
     others = [share_cell("other", b, model.region_share_bounds) for b in model.region_share_bounds]
-    return [k for k in EVIDENCE_CLASSES if k != "other"] + (others or ["other"])
+    near = [NEAR_SCENE_CELL] if model.near_scene_cell else []
+    return [k for k in EVIDENCE_CLASSES if k != "other"] + near + (others or ["other"])
 
 
 def thresholds_side_by_side(model: RiskModel) -> list[dict]:
@@ -340,14 +342,16 @@ def fit_and_certify(instances: list[dict], region_threshold: float, delta: float
                     alphas=(0.02, 0.05, 0.1),
                     probe_fraction: float = UNNAMED_PROBE_FRACTION,
                     joint: bool = False,
-                    region_share_bounds=REGION_SHARE_BOUNDS) -> tuple[RiskModel, dict]:
+                    region_share_bounds=REGION_SHARE_BOUNDS,
+                    near_scene_cell: bool = False) -> tuple[RiskModel, dict]:
     """The whole procedure on measured instances: split by pair, fit the ranking on one
     side, certify the thresholds on the other (Learn-then-Test, confidence 1−δ), and check
     the gate's decisions on both. Returns the model (ready to save) and a report.
     ``probe_fraction``: the probe the instances were measured with (the model holds for it).
     ``joint``: one threshold per class for all its finishes (``certify_model``).
     ``region_share_bounds``: bins of the token share other evidence is certified by, each
-    apart (``gate.share_cell``); empty for one class."""
+    apart (``gate.share_cell``); empty for one class. ``near_scene_cell``: near-scene
+    evidence certified as a cell of its own (``RiskModel.cell``)."""
     if not rows_of(instances)[0]:
         raise ValueError(f"none of the {len(instances)} measured candidate pairs came within the "
                          f"gate's region limit ({max_region_fraction:.0%} of the tiles), so no reuse "
@@ -364,6 +368,7 @@ def fit_and_certify(instances: list[dict], region_threshold: float, delta: float
     model.measured_steps = measured_steps(instances)
     model.measured_latents = measured_latents(instances)
     model.region_share_bounds = [float(b) for b in region_share_bounds]
+    model.near_scene_cell = bool(near_scene_cell)
     certification = certify_model(model, held, delta=delta, max_region_fraction=max_region_fraction,
                                   joint=joint)
     model.source += (f"; thresholds certified by Learn-then-Test on {certification['instances']} "

@@ -430,7 +430,8 @@ def report_text(report: dict) -> str:
         lines.append(f"region M filled on its own tokens, widened by {report.get('region_margin', 0)} "
                      f"tile(s) for edits; {report.get('form')} risk form")
     thresholds = report.get("thresholds") or {}
-    bounds = sorted({int(k.split(":")[0].split("/")[1]) / 100 for k in thresholds if "/" in k})
+    bounds = sorted({int(cell.split("/")[1]) / 100 for cell in (k.split(":")[0] for k in thresholds)
+                     if "/" in cell and cell.split("/")[1].isdigit()})
     for key, budgets in thresholds.items():
         certified = ", ".join(f"{float(a):.0%}" for a in sorted(budgets, key=float)) or "none"
         finish = ", guided finish" if key.endswith(":guided") else ""
