@@ -68,21 +68,28 @@ def gate_hit_speed(workload: str) -> dict:
 def band(features: dict) -> str:
     if evidence_class(features) == "same_scene":
         return "same_scene"
-    near = (features["region_fraction"] <= 2 * SAME_SCENE_REGION
-            and features["similarity_gap"] <= 2 * SAME_SCENE_GAP)
-    return "near" if near else "far"
+    return "near" if near_scene(features) else "far"
 
 
-def guided_risk_by_band() -> dict:
+def tally(files: list[str], band_of, labels_of=guided_labels) -> dict:
+    """Per band of the evidence (``band_of``; None: left out), its directions in these files
+    and, by depth, their reuses ``labels_of`` reads and how many are beyond tolerance."""
     out: dict = {}
-    for inst in measured(SCENE_PAIRS):
-        b = out.setdefault(band(inst["features"]), {"directions": 0, "by_depth": {}})
+    for inst in measured(files):
+        name = band_of(inst["features"])
+        if name is None:
+            continue
+        b = out.setdefault(name, {"directions": 0, "by_depth": {}})
         b["directions"] += 1
-        for depth, label in guided_labels(inst).items():
+        for depth, label in labels_of(inst).items():
             t = b["by_depth"].setdefault(f"{depth:g}", {"reuses": 0, "beyond": 0})
             t["reuses"] += 1
             t["beyond"] += label
     return out
+
+
+def guided_risk_by_band() -> dict:
+    return tally(SCENE_PAIRS, band)
 
 
 def _cell_fit() -> tuple[dict, str]:
@@ -130,45 +137,32 @@ def whatif_served(workload: str) -> dict:
             "near_scene_hits": [{"k": r["reuse_step"], "steps_computed": r["steps_computed"]} for r in near]}
 
 
-def wider_gap(features: dict) -> str:
-    """Same-scene, within twice the global gap with no more tiles moved ("wider"), or neither."""
+def wider_gap(features: dict) -> str | None:
+    """Same-scene, or within twice the global gap with no more tiles moved ("wider")."""
     if evidence_class(features) == "same_scene":
         return "same_scene"
     wider = (features["region_fraction"] <= SAME_SCENE_REGION
              and features["similarity_gap"] <= 2 * SAME_SCENE_GAP)
-    return "wider" if wider else "far"
+    return "wider" if wider else None
 
 
 def guided_risk_wider_gap() -> dict:
     """The cell fit's traffic pairs: guided-finish reuses beyond tolerance by depth, for
     same-scene directions and for those a twice-as-wide gap would add (where measured)."""
-    out: dict = {}
-    for inst in measured(TRAFFIC_FIT):
-        b = out.setdefault(wider_gap(inst["features"]), {"directions": 0, "by_depth": {}})
-        b["directions"] += 1
-        for depth, label in guided_labels(inst).items():
-            t = b["by_depth"].setdefault(f"{depth:g}", {"reuses": 0, "beyond": 0})
-            t["reuses"] += 1
-            t["beyond"] += label
-    out.pop("far", None)
-    return out
+    return tally(TRAFFIC_FIT, wider_gap)
+
+
+def other_finish_labels(inst: dict) -> dict[float, int]:
+    """Per depth share, the label of the 4-call guided finish other evidence runs (computing
+    region M between its calls where M has tiles)."""
+    return {round(d["depth_fraction"], 2): int(d["label"]) for d in inst["depths"]
+            if int(d.get("finish_calls", 0)) == GUIDED_CALLS}
 
 
 def near_risk_as_other() -> dict:
-    """The cell fit's traffic pairs, near-scene directions: their reuses with the 4-call guided
-    finish other evidence runs (computing region M between its calls where M has tiles) beyond
-    tolerance by depth: what the near-scene cell is certified on."""
-    out = {"directions": 0, "by_depth": {}}
-    for inst in measured(TRAFFIC_FIT):
-        if not near_scene(inst["features"]):
-            continue
-        out["directions"] += 1
-        for d in inst["depths"]:
-            if int(d.get("finish_calls", 0)) == GUIDED_CALLS:
-                t = out["by_depth"].setdefault(f"{d['depth_fraction']:g}", {"reuses": 0, "beyond": 0})
-                t["reuses"] += 1
-                t["beyond"] += int(d["label"])
-    return out
+    """The cell fit's traffic pairs, near-scene directions, with the finish other evidence runs:
+    what the near-scene cell is certified on."""
+    return tally(TRAFFIC_FIT, lambda f: "near" if near_scene(f) else None, other_finish_labels)["near"]
 
 
 def main(argv=None):
