@@ -22,8 +22,9 @@ from .reuse.region_compute import FILL_SEGMENT_STEPS
 from .signature import EarlySignature, tile_deviation, widen_tiles
 
 # the vocabulary and the risk model, where the gate's users have always found them
-from .evidence import (EVIDENCE, EVIDENCE_CLASSES, FEATURES, NEAR_SCENE_CELL, REGION_FINISH_STEPS_PER_CALL,
-                       REGION_SHARE_BOUNDS, SAME_SCENE_GAP, SAME_SCENE_REGION, class_of_option,
+from .evidence import (EVIDENCE, EVIDENCE_CLASSES, FEATURES, NEAR_SCENE_CELL,
+                       REGION_FINISH_STEPS_PER_CALL, REGION_SHARE_BOUNDS, SAME_SCENE_GAP,
+                       SAME_SCENE_REGION, class_of_option,
                        evidence_class, finish_allows, finish_calls_at, finish_cost, option_key,
                        share_bin_text, share_cell)
 from .risk_model import (CALIBRATION_NAME, DEFAULT_PROBE_FRACTION, INTERACTION_EVIDENCE_SCALE,

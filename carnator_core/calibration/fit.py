@@ -20,9 +20,8 @@ from pathlib import Path
 from typing import Callable
 
 from ..gate import (UNNAMED_PROBE_FRACTION, EVIDENCE_CLASSES, FEATURES, NEAR_SCENE_CELL, REGION_SHARE_BOUNDS,
-                   RiskModel,
-                   calibration_file, class_of_option, evidence_class, finish_allows, finish_calls_at,
-                   finish_cost, option_key, share_cell)
+                   RiskModel, calibration_file, class_of_option, evidence_class, finish_allows,
+                   finish_calls_at, finish_cost, option_key, share_cell)
 from .risk_control import certify, clopper_pearson_upper
 
 
