@@ -43,7 +43,7 @@ REGION_SHARE_BOUNDS = (0.25, 0.5, 0.75, 1.0)
 # traffic-worded scene pairs' 960 directions 173 land here (364 inside the cut-offs), of the
 # bundled calibration's 1,760 only 16, all edits; a calibration may certify it as a cell of its
 # own (``NEAR_SCENE_CELL``, off by default) rather than in the bin of its token share, whose
-# other pairs are mostly edits. On the tiny world it certifies nothing deeper (docs/studies.md).
+# other pairs are mostly edits. On the tiny world it gains nothing (docs/studies.md).
 NEAR_SCENE_REACH = 2.0
 NEAR_SCENE_CELL = "other/near"
 

@@ -127,6 +127,22 @@ def write_whatif_model(path: str) -> None:
         json.dump(data, f, indent=2)
 
 
+def whatif_decisions() -> dict:
+    """The what-if file's gate decisions at 5% on the cell fit's traffic near-scene directions
+    (``calibration.fit.gate_decision``): how many resume at each depth k, by finish."""
+    from carnator_core.calibration import fit as CAL
+    from carnator_core.gate import RiskModel
+    model = RiskModel.load(os.path.join(STUDIES, WHATIF, "calibration.json"))
+    out: dict = {}
+    for inst in measured(TRAFFIC_FIT):
+        if near_scene(inst["features"]):
+            d = CAL.gate_decision(model, inst, float(ALPHA))
+            key = "refused" if d is None else f"k={d['k']}, " + (
+                f"{d['finish_calls']}-call guided finish" if d.get("finish_calls") else "every step")
+            out[key] = out.get(key, 0) + 1
+    return dict(sorted(out.items()))
+
+
 def whatif_served(workload: str) -> dict:
     """The what-if run at 5%: gate hits, and its hits on near-scene evidence (depth, steps)."""
     with open(os.path.join(STUDIES, WHATIF, "wording_parts", f"{workload}_n20.json")) as f:
@@ -176,6 +192,7 @@ def main(argv=None):
               "speed": {w: gate_hit_speed(w) for w in WORKLOADS},
               "scene_pairs": SCENE_PAIRS, "guided_finish_by_band": guided_risk_by_band(),
               "cell": {"fit": f"bench/results/studies/{CELL_FIT}", "certified": cell_certified(),
+                       "whatif_on_traffic_pairs": whatif_decisions(),
                        "whatif": {w: whatif_served(w) for w in ("serve_fresh_half", "serve")}},
               "traffic_fit_pairs": TRAFFIC_FIT, "near_scene_as_other": near_risk_as_other(),
               "guided_finish_wider_gap": guided_risk_wider_gap()}
