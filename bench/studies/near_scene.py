@@ -13,7 +13,7 @@ Two readings of committed files, nothing generated:
   (``bench/calibrate.py … --near-scene-cell``, ``CELL_FIT``): what each population certifies
   for it, and the run of ``serve_fresh_half`` and ``serve`` with a what-if file that takes the
   traffic population's own thresholds for the cell as if the bundled one had certified them
-  too (``--whatif-model`` writes it; ``WHATIF_PARTS`` are its ``bench/wording.py`` parts).
+  too (``--whatif-model`` writes it; ``WHATIF`` holds it and its ``bench/wording.py`` run).
 
     .venv/bin/python bench/studies/near_scene.py   # → bench/results/studies/near_scene.json
     .venv/bin/python bench/studies/near_scene.py \
@@ -29,8 +29,8 @@ import os
 
 from study_paths import REPO
 
-from carnator_core.evidence import (NEAR_SCENE_CELL, SAME_SCENE_GAP, SAME_SCENE_REGION, evidence_class,
-                                    near_scene)
+from carnator_core.evidence import (NEAR_SCENE_CELL, NEAR_SCENE_REACH, SAME_SCENE_GAP, SAME_SCENE_REGION,
+                                    evidence_class, near_scene)
 from certification_power import GUIDED_CALLS, STUDIES, guided_labels, measured
 from wording import seen_before
 
@@ -144,12 +144,14 @@ def whatif_decisions() -> dict:
 
 
 def whatif_served(workload: str) -> dict:
-    """The what-if run at 5%: gate hits, and its hits on near-scene evidence (depth, steps)."""
+    """The what-if run at 5%: gate hits (its bench/wording.py row), and its hits on near-scene
+    evidence (depth, steps; its records)."""
+    with open(os.path.join(STUDIES, WHATIF, "wording.json")) as f:
+        row = json.load(f)["rows"][f"{workload}/n20"]["budgets"][ALPHA]
     with open(os.path.join(STUDIES, WHATIF, "wording_parts", f"{workload}_n20.json")) as f:
         records = json.load(f)["records"][workload][ALPHA]
-    hits = [r for r in records if r["outcome"] == "hit"]
-    near = [r for r in hits if r.get("features") and near_scene(r["features"])]
-    return {"gate_hit_speedup": sum(r["steps_total"] for r in hits) / sum(r["steps_computed"] for r in hits),
+    near = [r for r in records if r["outcome"] == "hit" and r.get("features") and near_scene(r["features"])]
+    return {"gate_hit_speedup": row["gate_hit_speedup_steps"],
             "near_scene_hits": [{"k": r["reuse_step"], "steps_computed": r["steps_computed"]} for r in near]}
 
 
@@ -158,7 +160,7 @@ def wider_gap(features: dict) -> str | None:
     if evidence_class(features) == "same_scene":
         return "same_scene"
     wider = (features["region_fraction"] <= SAME_SCENE_REGION
-             and features["similarity_gap"] <= 2 * SAME_SCENE_GAP)
+             and features["similarity_gap"] <= NEAR_SCENE_REACH * SAME_SCENE_GAP)
     return "wider" if wider else None
 
 

@@ -138,7 +138,7 @@ def servable(rows: list[dict], requests, k: str, pool=None, same_scene_only: boo
 BANDS = ((0.005, 0.02), (0.01, 0.02), (0.02, 0.05), (0.03, 0.1), (0.05, 0.1), (1.0, 1.0))
 
 
-def bands(rows: list[dict], sources: set[int]) -> list[dict]:
+def bands(rows: list[dict], sources: set[int], depths: list[str]) -> list[dict]:
     """What a same-scene class widened to each of ``BANDS`` would take in: its reuses, how
     many are beyond tolerance at each depth, and the requests of the benchmark's pool it
     could serve within tolerance."""
@@ -149,7 +149,7 @@ def bands(rows: list[dict], sources: set[int]) -> list[dict]:
         out.append({"gap": gap, "region": region, "reuses": len(inside), "requests": len(pool),
                     **{f"k{k}": {"beyond": sum(r["depths"][str(k)]["label"] for r in inside),
                                  "servable": servable(inside, pool, str(k), sources)}
-                       for k in sorted({int(d) for r in rows for d in r["depths"]})}})
+                       for k in depths}})
     return out
 
 
@@ -182,7 +182,7 @@ def summarise(rows: list[dict], earlier: dict[int, list[int]], sources: set[int]
         {"gap": gap, "region": region, **speed_ceiling(
             [r for r in rows if r["similarity_gap"] <= gap and r["region_fraction"] <= region], recs, sources,
             measured)} for gap, region in BANDS]}  # a class of its own may be certified at any depth
-    out["bands"] = bands(rows, sources)
+    out["bands"] = bands(rows, sources, measured)
     out["benchmark_at_0.05"] = {"seen_scene_requests": seen["requests"], "same_scene_hits": seen["same_scene_hits"],
                                 "share": seen["share"]}
     return out
