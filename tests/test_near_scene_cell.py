@@ -3,9 +3,10 @@ as a cell of its own instead of in the bin of its token share.
 
 Synthetic calibrations with a known answer: near-scene pairs and edits compute the same share
 of the tokens (one share bin) and are ranked alike (by depth); the near-scene ones stay within
-tolerance deep and the edits fail there. Pooled in the bin, the near-scene pairs are held to the edits' shallow depth; in
-their own cell they are certified deep while the edits keep theirs. A population with too few
-near-scene pairs to test refuses the cell for all, as every cell is certified in each.
+tolerance deep and the edits fail there. Pooled in the bin, the near-scene pairs are held to
+the edits' shallow depth; in their own cell they are certified deep while the edits keep
+theirs. A population with too few near-scene pairs to test refuses the cell for all, as every
+cell is certified in each.
 """
 import json
 import random
@@ -60,7 +61,7 @@ def test_its_own_cell_certifies_near_scene_pairs_deep_and_keeps_edits_shallow():
     assert pooled.cell(CAL.evidence_of(near)) == "other/25"
     assert apart.cell(CAL.evidence_of(near)) == NEAR_SCENE_CELL
     assert apart.cell(CAL.evidence_of(edit)) == "other/25"
-    assert NEAR_SCENE_CELL not in pooled.thresholds and f"{NEAR_SCENE_CELL}" in apart.thresholds
+    assert NEAR_SCENE_CELL not in pooled.thresholds and NEAR_SCENE_CELL in apart.thresholds
     pooled_pick = CAL.gate_decision(pooled, near, 0.05)
     apart_pick = CAL.gate_decision(apart, near, 0.05)
     assert pooled_pick is None or pooled_pick["k"] <= 4  # held to the edits' record
